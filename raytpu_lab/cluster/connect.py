@@ -1,0 +1,97 @@
+"""Connecting this process to a Ray cluster as a driver, with a bounded wait.
+
+``ray.init`` on an address where nothing listens keeps retrying for about a minute; users get a
+clear :class:`~raytpu_lab.errors.ConnectError` within ``timeout_s`` instead, because we first probe
+the address with a plain TCP connection.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import ray
+
+from raytpu_lab.errors import ConnectError
+
+__all__ = ["connect", "disconnect", "wait_for_nodes", "split_address"]
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"ray://host:10001"`` or ``"host:6379"`` -> ``(host, port)``.
+
+    Raises:
+        ConnectError: The address has no ``host:port`` part.
+    """
+    rest = address.removeprefix("ray://")
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConnectError(
+            f"{address!r} is not a Ray address.",
+            why="A Ray address is HOST:PORT (the GCS, port 6379 on KubeRay) or ray://HOST:PORT "
+                "(Ray Client, port 10001).",
+            fix="For example: %raytpu connect 127.0.0.1:6379", address=address)
+    return host, int(port)
+
+
+def connect(address: str, *, timeout_s: float = 15.0, namespace: str = "raytpu") -> None:
+    """Connect this process to the Ray cluster at ``address``, replacing any earlier connection.
+
+    Args:
+        address: GCS address ``HOST:PORT`` or Ray Client address ``ray://HOST:PORT``.
+        timeout_s: Seconds to wait for the address to answer.
+        namespace: Ray namespace for named actors and detached placement groups.
+
+    Raises:
+        ConnectError: Nothing accepted a connection at ``address`` within ``timeout_s`` seconds,
+            or Ray refused to connect (message includes Ray's reason).
+    """
+    host, port = split_address(address)
+    deadline = time.monotonic() + timeout_s
+    last_error: OSError | None = None
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())):
+                break
+        except OSError as err:
+            last_error = err
+            time.sleep(0.25)
+    else:
+        raise ConnectError(
+            f"Nothing answered at {address} within {timeout_s:.0f} s.",
+            why=f"TCP connection to {host}:{port} failed ({last_error}).",
+            fix="Check the address (GCS port 6379, Ray Client port 10001), that the cluster is up "
+                "(%raytpu up starts a local emulated one), or port-forward the head service.",
+            address=address, timeout_s=timeout_s)
+    if ray.is_initialized():
+        ray.shutdown()
+    try:
+        ray.init(address=address, namespace=namespace, logging_level="WARNING",
+                 log_to_driver=True, configure_logging=True)
+    except Exception as err:  # Ray raises several unrelated types here; all mean "not connected"
+        raise ConnectError(
+            f"Ray could not connect to {address}.",
+            why=f"{type(err).__name__}: {err}",
+            fix="Make sure the notebook's Ray and Python versions match the cluster's.",
+            address=address, timeout_s=timeout_s) from err
+
+
+def disconnect() -> None:
+    """Disconnect the driver; what it owned without ``lifetime="detached"`` is freed by Ray."""
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def wait_for_nodes(count_alive: Callable[[], int], expected: int, timeout_s: float) -> int:
+    """Poll ``count_alive()`` until it reaches ``expected`` or ``timeout_s`` seconds pass.
+
+    Returns:
+        The last count seen.
+    """
+    deadline = time.monotonic() + timeout_s
+    seen = count_alive()
+    while seen < expected and time.monotonic() < deadline:
+        time.sleep(0.25)
+        seen = count_alive()
+    return seen

@@ -1,0 +1,362 @@
+"""A local emulated TPU cluster: a real Ray head and one real Ray node per TPU host.
+
+Each host node is started with ``ray start`` and the environment a GKE TPU pod gets
+(:func:`raytpu_lab.cluster.gke_env.tpu_host_environment`) plus ``--resources={"TPU": chips}``, as
+KubeRay does. Ray then derives the TPU labels and the ``TPU-<pod type>-head`` resource itself, so
+``ray.util.tpu.slice_placement_group`` and ``JaxTrainer(use_tpu=True)`` run unmodified. JAX on an
+emulated host runs on CPU with one XLA device per chip.
+
+Isolation: every cluster has its own Ray temp dir (``<state root>/<name>/ray``) and explicit
+addresses; nothing reads Ray's "current cluster" file, so a test cluster and the demo cluster on one
+machine never cross. A small JSON file in the same folder records the address and process ids so
+that another process can find or stop the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+from raytpu_lab.cluster.gke_env import (
+    emulated_jax_environment,
+    group_name,
+    slice_name,
+    tpu_host_environment,
+)
+from raytpu_lab.errors import EmulatorError
+from raytpu_lab.tpu.topology import SliceShape, parse_spec
+
+__all__ = ["EmulatedCluster", "EmulatedHost", "up", "find", "state_root", "DEFAULT_NAME"]
+
+DEFAULT_NAME = "raytpu"
+_HEAD_NUM_CPUS = 2
+_HOST_NUM_CPUS = 4
+_OBJECT_STORE_BYTES = 128 * 1024 * 1024  # per node; Ray's minimum is 75 MiB
+_STARTED_MARK = "Ray runtime started"
+
+
+def state_root() -> Path:
+    """Folder holding one sub-folder per emulated cluster (``$RAYTPU_EMULATOR_ROOT`` or ``/tmp/raytpu``).
+
+    Kept short on purpose: Ray puts Unix sockets under it and socket paths are limited to 107 bytes.
+    """
+    return Path(os.environ.get("RAYTPU_EMULATOR_ROOT", Path(tempfile.gettempdir()) / "raytpu"))
+
+
+@dataclass(frozen=True)
+class EmulatedHost:
+    """One emulated TPU host (one Ray node).
+
+    Attributes:
+        slice_name: ``TPU_NAME`` of its slice, e.g. ``"tpu-v6e-4x4-0"``.
+        worker_id: ``TPU_WORKER_ID`` within the slice.
+        spec: ``"<version>:<topology>"`` of its slice.
+        pid: Process id of its ``ray start --block`` process.
+    """
+
+    slice_name: str
+    worker_id: int
+    spec: str
+    pid: int
+
+
+@dataclass
+class EmulatedCluster:
+    """A running emulated cluster. Create it with :func:`up`; find a running one with :func:`find`.
+
+    Attributes:
+        name: Cluster name (``RAY_CLUSTER_NAME`` on every host).
+        address: GCS address of the head, ``"127.0.0.1:<port>"``; pass it to ``ray.init``.
+        dashboard_url: The Ray dashboard, ``"http://127.0.0.1:<port>"``.
+        specs: ``[(spec, slices)]`` it was started with, e.g. ``[("v6e:4x4", 2)]``.
+        head_pid: Process id of the head's ``ray start --block``.
+        hosts: One entry per TPU host.
+    """
+
+    name: str
+    address: str
+    dashboard_url: str
+    specs: list[tuple[str, int]]
+    head_pid: int
+    hosts: list[EmulatedHost] = field(default_factory=list)
+
+    @property
+    def folder(self) -> Path:
+        """This cluster's folder: state file, Ray temp dir and node logs."""
+        return state_root() / self.name
+
+    @property
+    def expected_hosts(self) -> dict[str, int]:
+        """``{slice name: number of hosts}`` the cluster was started with."""
+        counts: dict[str, int] = {}
+        for host in self.hosts:
+            counts[host.slice_name] = counts.get(host.slice_name, 0) + 1
+        return counts
+
+    def is_running(self) -> bool:
+        """Whether the head process is still alive."""
+        return _alive(self.head_pid)
+
+    def down(self, timeout_s: float = 5.0) -> None:
+        """Stop every process of this cluster and remove its folder.
+
+        Hosts first, then the head; SIGTERM to each node's process group, SIGKILL to whatever is left
+        after ``timeout_s`` seconds, then a sweep for any process whose command line names this
+        cluster's temp dir (Ray daemons that left the group). Idempotent.
+        """
+        pids = [h.pid for h in self.hosts] + [self.head_pid]
+        for pid in pids:
+            _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for pid in pids:
+            _wait_gone(pid, max(0.1, deadline - time.monotonic()))
+        for pid in pids:
+            _signal_group(pid, signal.SIGKILL)
+        _kill_strays(str(self.folder))
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> EmulatedCluster:
+        data = json.loads(text)
+        data["hosts"] = [EmulatedHost(**h) for h in data["hosts"]]
+        data["specs"] = [tuple(s) for s in data["specs"]]
+        return cls(**data)
+
+
+def find(name: str = DEFAULT_NAME) -> EmulatedCluster | None:
+    """The running emulated cluster called ``name``, or ``None``.
+
+    A state file whose head process is gone is stale: its leftovers are cleaned and ``None`` returned.
+    """
+    state_file = state_root() / name / "cluster.json"
+    try:
+        cluster = EmulatedCluster.from_json(state_file.read_text())
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if cluster.is_running():
+        return cluster
+    cluster.down(timeout_s=2.0)
+    return None
+
+
+def up(
+    specs: Sequence[tuple[str, int]] = (("v6e:4x4", 2),),
+    *,
+    name: str = DEFAULT_NAME,
+    timeout_s: float = 180.0,
+) -> EmulatedCluster:
+    """Start an emulated TPU cluster: a CPU-only head plus one Ray node per TPU host.
+
+    Args:
+        specs: ``[(spec, slices)]``; spec is ``"<version>:<topology>"`` as in :func:`parse_spec`,
+            e.g. ``[("v6e:4x4", 2)]`` gives 2 slices x 4 hosts x 4 chips.
+        name: Cluster name; also names its folder under :func:`state_root`.
+        timeout_s: Seconds to wait for every node to start.
+
+    Returns:
+        The running cluster. Nodes may still be registering with the GCS for a moment; connect with
+        :func:`raytpu_lab.cluster.connect.connect`, which waits for the expected hosts.
+
+    Raises:
+        InvalidTopologyError: A spec is not valid for its generation (before anything starts).
+        EmulatorError: A cluster with this name already runs, or a node failed to start (its log
+            tail is in the message; everything already started is stopped).
+    """
+    shapes = [(parse_spec(spec), int(count)) for spec, count in specs]
+    for shape, count in shapes:
+        if count < 1:
+            raise EmulatorError(
+                f"Asked for {count} slices of {shape.pod_type}.",
+                fix="Ask for at least 1 slice, e.g. --slices 1.",
+            )
+    running = find(name)
+    if running is not None:
+        raise EmulatorError(
+            f"An emulated cluster named {name!r} is already running at {running.address}.",
+            why="Only one emulated cluster per name runs at a time.",
+            fix=f"Connect to it (%raytpu connect {running.address}) or stop it first (%raytpu down).",
+        )
+    folder = state_root() / name
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "logs").mkdir(parents=True)
+    gcs_port, dashboard_port, client_port = _free_ports(3)
+    address = f"127.0.0.1:{gcs_port}"
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        head = _start_node(
+            folder, "head", os.environ.copy(),
+            ["--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
+             f"--num-cpus={_HEAD_NUM_CPUS}",
+             "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+             f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client_port}",
+             f"--temp-dir={folder / 'ray'}"],
+        )
+        started.append(head)
+        _wait_started([(head, folder / "logs" / "head.log")], timeout_s)
+
+        hosts: list[EmulatedHost] = []
+        pending: list[tuple[subprocess.Popen[bytes], Path]] = []
+        index = 0
+        for shape, count in shapes:
+            for replica in _replica_indices(shapes, shape, count):
+                for worker_id in range(shape.num_hosts):
+                    env = os.environ.copy()
+                    env.update(tpu_host_environment(
+                        shape, cluster=name, replica=replica, worker_id=worker_id,
+                        head_host="127.0.0.1", gcs_port=gcs_port))
+                    env.update(emulated_jax_environment(shape))
+                    label = f"{slice_name(group_name(shape), replica)}-w{worker_id}"
+                    proc = _start_node(folder, label, env, [
+                        f"--address={address}", "--node-ip-address=127.0.0.1",
+                        f"--num-cpus={_HOST_NUM_CPUS}",
+                        f"--resources={json.dumps({'TPU': shape.chips_per_host})}",
+                        # Its own temp dir: Ray names a node's sockets by probing for free file
+                        # names, which races when nodes sharing a session dir start together.
+                        f"--temp-dir={folder / f'h{index}'}",
+                        *_host_port_flags(),
+                    ])
+                    index += 1
+                    started.append(proc)
+                    pending.append((proc, folder / "logs" / f"{label}.log"))
+                    hosts.append(EmulatedHost(
+                        slice_name=slice_name(group_name(shape), replica), worker_id=worker_id,
+                        spec=f"{shape.version}:{shape.topology}", pid=proc.pid))
+        _wait_started(pending, timeout_s)
+    except BaseException:
+        for proc in reversed(started):
+            _signal_group(proc.pid, signal.SIGKILL)
+        _kill_strays(str(folder))
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    cluster = EmulatedCluster(
+        name=name, address=address, dashboard_url=f"http://127.0.0.1:{dashboard_port}",
+        specs=[(f"{s.version}:{s.topology}", c) for s, c in shapes], head_pid=head.pid, hosts=hosts)
+    (folder / "cluster.json").write_text(cluster.to_json())
+    return cluster
+
+
+def _host_port_flags() -> list[str]:
+    # Every port explicit: several raylets on one machine otherwise race for Ray's defaults.
+    names = ["dashboard-agent-listen-port", "dashboard-agent-grpc-port", "node-manager-port",
+             "object-manager-port", "metrics-export-port", "runtime-env-agent-port"]
+    return [f"--{n}={p}" for n, p in zip(names, _free_ports(len(names)), strict=True)]
+
+
+def _replica_indices(shapes: list[tuple[SliceShape, int]], shape: SliceShape, count: int) -> range:
+    # Two specs of the same shape share one worker group, so their replica indices continue.
+    before = 0
+    for other, other_count in shapes:
+        if other is shape:
+            break
+        if group_name(other) == group_name(shape):
+            before += other_count
+    return range(before, before + count)
+
+
+def _start_node(folder: Path, label: str, env: dict[str, str], args: list[str]) -> subprocess.Popen[bytes]:
+    env = dict(env)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # A fresh process group per node, so `down` can signal the node and all its daemons at once.
+    log = open(folder / "logs" / f"{label}.log", "wb")  # noqa: SIM115 - owned by the child
+    cmd = [_ray_cli(), "start", "--block", "--disable-usage-stats",
+           f"--object-store-memory={_OBJECT_STORE_BYTES}", "--min-worker-port=0",
+           "--max-worker-port=0", *args]
+    try:
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        log.close()
+
+
+def _ray_cli() -> str:
+    beside = Path(sys.executable).parent / "ray"
+    found = str(beside) if beside.exists() else shutil.which("ray")
+    if not found:
+        raise EmulatorError("The `ray` command was not found.",
+                            why=f"It is not beside {sys.executable} nor on PATH.",
+                            fix="Install Ray in this environment: pip install 'ray[default,train]'.")
+    return found
+
+
+def _wait_started(nodes: list[tuple[subprocess.Popen[bytes], Path]], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    waiting = list(nodes)
+    while waiting:
+        still = []
+        for proc, log in waiting:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if _STARTED_MARK in text:
+                continue
+            if proc.poll() is not None:
+                tail = "\n".join(text.strip().splitlines()[-15:])
+                raise EmulatorError(
+                    f"Emulated node {log.stem} exited with code {proc.returncode} while starting.",
+                    why=f"Last lines of {log}:\n{tail}",
+                    fix="Fix the cause above and run `up` again.")
+            still.append((proc, log))
+        waiting = still
+        if waiting and time.monotonic() > deadline:
+            names = ", ".join(log.stem for _, log in waiting)
+            raise EmulatorError(
+                f"{len(waiting)} emulated node(s) did not start within {timeout_s:.0f} s: {names}.",
+                why="The machine may be short of CPU or memory (each host costs about 280 MB).",
+                fix="Start fewer slices, or pass a longer timeout.")
+        time.sleep(0.2)
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_gone(pid: int, timeout_s: float) -> None:
+    try:
+        psutil.Process(pid).wait(timeout=timeout_s)
+    except (psutil.Error, psutil.TimeoutExpired):
+        pass
+
+
+def _kill_strays(folder: str) -> None:
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(folder in part for part in proc.info["cmdline"] or []):
+                proc.kill()
+        except psutil.Error:
+            pass

@@ -1,0 +1,124 @@
+"""Errors a user can cause, in one family.
+
+Every error carries three parts: what happened, why, and what to do next. Magics print
+``str(error)`` as one short block; the traceback appears only with ``--debug``.
+
+::
+
+    RaytpuError
+    ├── InvalidTopologyError        bad generation / topology / spec, raised before Ray is asked
+    ├── NotConnectedError           an operation that needs a cluster, with none connected
+    ├── ConnectError                nothing answers at a Ray address within the timeout
+    ├── EmulatorError               the local emulated cluster could not start / is already running
+    ├── ReservationError            a slice reservation failed
+    │   └── NoSliceAvailableError   no intact idle slice within the timeout (names each slice and why)
+    └── TrainingError               a JaxTrainer run failed on the workers (carries the worker traceback)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RaytpuError",
+    "InvalidTopologyError",
+    "NotConnectedError",
+    "ConnectError",
+    "EmulatorError",
+    "ReservationError",
+    "NoSliceAvailableError",
+    "TrainingError",
+]
+
+
+class RaytpuError(Exception):
+    """Base of every error raised by raytpu_lab for something the user can fix.
+
+    Args:
+        what: What happened, one sentence.
+        why: Why it happened (the fact it rests on), or ``""``.
+        fix: What to do next, or ``""``.
+    """
+
+    def __init__(self, what: str, why: str = "", fix: str = "") -> None:
+        self.what = what
+        self.why = why
+        self.fix = fix
+        super().__init__(self._compose())
+
+    def _compose(self) -> str:
+        parts = [self.what]
+        if self.why:
+            parts.append(f"Why: {self.why}")
+        if self.fix:
+            parts.append(f"What to do: {self.fix}")
+        return "\n".join(parts)
+
+
+class InvalidTopologyError(RaytpuError, ValueError):
+    """A generation, topology or spec that Ray would not accept.
+
+    Raised before anything is requested from Ray.
+    """
+
+
+class NotConnectedError(RaytpuError):
+    """The operation needs a Ray cluster and the session has none."""
+
+
+class ConnectError(RaytpuError):
+    """Nothing answered at the Ray address within ``timeout_s`` seconds.
+
+    Attributes:
+        address: The address that was tried.
+        timeout_s: How long we waited, in seconds.
+    """
+
+    def __init__(self, what: str, why: str = "", fix: str = "", *, address: str = "",
+                 timeout_s: float = 0.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        super().__init__(what, why, fix)
+
+
+class EmulatorError(RaytpuError):
+    """The local emulated TPU cluster could not be started or stopped as asked."""
+
+
+class ReservationError(RaytpuError):
+    """A slice reservation could not be made or released."""
+
+
+class NoSliceAvailableError(ReservationError):
+    """No intact, idle slice of the requested pod type became available in time.
+
+    Attributes:
+        pod_type: The requested pod type, e.g. ``"v6e-16"``.
+        timeout_s: How long we waited, in seconds.
+        slices_needed: How many slices were requested.
+        slices_idle: How many intact idle slices the last snapshot showed.
+        reasons: ``{slice name: why it cannot be used}`` for every slice of that pod type.
+    """
+
+    def __init__(self, what: str, why: str = "", fix: str = "", *, pod_type: str = "",
+                 timeout_s: float = 0.0, slices_needed: int = 1, slices_idle: int = 0,
+                 reasons: dict[str, str] | None = None) -> None:
+        self.pod_type = pod_type
+        self.timeout_s = timeout_s
+        self.slices_needed = slices_needed
+        self.slices_idle = slices_idle
+        self.reasons = dict(reasons or {})
+        super().__init__(what, why, fix)
+
+
+class TrainingError(RaytpuError):
+    """A training run failed on its workers.
+
+    Attributes:
+        run_name: The run's name.
+        worker_error: The remote error text (with the worker's traceback), as Ray Train reported it.
+    """
+
+    def __init__(self, what: str, why: str = "", fix: str = "", *, run_name: str = "",
+                 worker_error: str = "") -> None:
+        self.run_name = run_name
+        self.worker_error = worker_error
+        super().__init__(what, why, fix)
