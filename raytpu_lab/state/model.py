@@ -1,0 +1,517 @@
+"""Pure cluster-state model: raw Ray state dicts -> slices, hosts and chips, with health.
+
+:func:`build_snapshot` reads the raw state of :mod:`raytpu_lab.state.fetch` (nodes with labels and
+total/available resources, placement groups with their bundles) and returns a frozen
+:class:`ClusterSnapshot`. No Ray, no I/O: it runs on recorded dicts in tests and on every refresh.
+
+How chips are counted on one host (a Ray node with TPU labels), in chips (Ray's ``TPU`` resource):
+
+- ``reserved``: ``TPU`` held by placement-group bundles placed on the node, per owner. An owner is a
+  reservation (its name, from ``reservations`` or a ``"raytpu:<name>"`` group name) or
+  ``"placement group <id[:8]>"``. Ray's head-lock group (a bundle of ``TPU-<pod type>-head`` only)
+  holds no chips; it marks the slice's head as locked.
+- ``busy``: chips in use beyond the bundles: ``total - available - reserved``.
+- ``free``: ``available``. Ray omits an exhausted resource from ``resources_available``, so a
+  missing ``TPU`` key is 0 free, never "all free".
+
+A node that is not alive is a ``"dead"`` host; a worker id the slice should have but no node claims
+is a ``"missing"`` host (``node_id`` ``None``). Nodes without usable TPU labels go to
+:attr:`ClusterSnapshot.other_nodes` with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from raytpu_lab.errors import InvalidTopologyError
+from raytpu_lab.tpu.topology import SliceShape, normalize_version, split_pod_type
+
+__all__ = [
+    "LABEL_SLICE",
+    "LABEL_WORKER",
+    "LABEL_TOPOLOGY",
+    "LABEL_POD_TYPE",
+    "LABEL_ACCELERATOR",
+    "RESERVATION_PREFIX",
+    "HOST_STATES",
+    "SLICE_STATES",
+    "HostState",
+    "SliceState",
+    "OtherNode",
+    "ClusterSnapshot",
+    "build_snapshot",
+]
+
+LABEL_SLICE = "ray.io/tpu-slice-name"
+LABEL_WORKER = "ray.io/tpu-worker-id"
+LABEL_TOPOLOGY = "ray.io/tpu-topology"
+LABEL_POD_TYPE = "ray.io/tpu-pod-type"
+LABEL_ACCELERATOR = "ray.io/accelerator-type"
+_TPU_LABELS = (LABEL_SLICE, LABEL_WORKER, LABEL_TOPOLOGY, LABEL_POD_TYPE)
+RESERVATION_PREFIX = "raytpu:"
+"""Placement groups named ``"raytpu:<name>"`` are reservation ``<name>``."""
+HOST_STATES = ("free", "reserved", "busy", "dead", "missing")
+SLICE_STATES = ("free", "reserved", "busy", "partial", "degraded")
+
+
+@dataclass(frozen=True)
+class HostState:
+    """One host (TPU VM, one Ray node) of a slice.
+
+    Attributes:
+        worker_id: 0-based host index in the slice (0 is the head).
+        node_id: Ray node id (hex); ``None`` for a missing host.
+        ip: Node IP address; ``""`` for a missing host.
+        state: One of :data:`HOST_STATES`: ``"dead"`` / ``"missing"``, else ``"reserved"`` if any
+            chip is held by a bundle, ``"busy"`` if any chip is in use, else ``"free"``.
+        chips: Chips the node has (its ``TPU`` total); 0 when missing.
+        chips_free: Chips available now; 0 when dead or missing.
+        owner: Owner holding most chips here (reservation name or ``"placement group <id8>"``).
+        labels: The node's Ray labels.
+        chips_reserved: Chips held by placement-group bundles.
+        chips_busy: Chips in use outside any bundle.
+        chips_per_host: Chips the topology expects on this host.
+    """
+
+    worker_id: int
+    node_id: str | None
+    ip: str
+    state: str
+    chips: int
+    chips_free: int
+    owner: str | None
+    labels: dict[str, str] = field(default_factory=dict)
+    chips_reserved: int = 0
+    chips_busy: int = 0
+    chips_per_host: int = 0
+
+    @property
+    def alive(self) -> bool:
+        """The node is up (neither dead nor missing)."""
+        return self.state not in ("dead", "missing")
+
+    def chip_states(self) -> list[str]:
+        """Per-chip states, ``chips_per_host`` long: reserved, then busy, then free chips.
+
+        A dead or missing host's chips are all ``"dead"`` / ``"missing"``; chips the topology
+        expects but the node lacks are ``"missing"``.
+        """
+        n = self.chips_per_host or self.chips
+        if not self.alive:
+            return [self.state] * n
+        states = (["reserved"] * self.chips_reserved + ["busy"] * self.chips_busy
+                  + ["free"] * self.chips_free)
+        return (states + ["missing"] * n)[:n]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of the fields plus ``chip_states``."""
+        return {**asdict(self), "chip_states": self.chip_states()}
+
+
+@dataclass(frozen=True)
+class SliceState:
+    """One TPU slice: its shape, its hosts in worker-id order (missing ones included) and health.
+
+    Attributes:
+        name: Slice name (label ``ray.io/tpu-slice-name``, GKE's ``TPU_NAME``).
+        pod_type: e.g. ``"v6e-16"``.
+        version: Ray's accelerator version, e.g. ``"v6e"``.
+        topology: e.g. ``"4x4"``.
+        shape: The validated :class:`~raytpu_lab.tpu.topology.SliceShape`.
+        hosts: One :class:`HostState` per worker id ``0 .. shape.num_hosts - 1``.
+        health: ``"intact"`` or ``"degraded"``.
+        reasons: Why it is degraded, e.g. ``["worker 2 missing"]``; empty when intact.
+        owners: Owners holding chips on the slice, in worker-id order of first appearance.
+        head_locked: Worker 0's ``TPU-<pod type>-head`` resource is held (a slice reservation
+            holds it, or is being made).
+    """
+
+    name: str
+    pod_type: str
+    version: str
+    topology: str
+    shape: SliceShape
+    hosts: list[HostState]
+    health: str
+    reasons: list[str]
+    owners: list[str]
+    head_locked: bool = False
+
+    @property
+    def hosts_alive(self) -> int:
+        """Hosts whose node is up."""
+        return sum(h.alive for h in self.hosts)
+
+    @property
+    def hosts_expected(self) -> int:
+        """Hosts the topology has."""
+        return self.shape.num_hosts
+
+    @property
+    def chips_expected(self) -> int:
+        """Chips the topology has."""
+        return self.shape.num_chips
+
+    @property
+    def chips_total(self) -> int:
+        """Chips on live hosts."""
+        return sum(h.chips for h in self.hosts if h.alive)
+
+    @property
+    def chips_free(self) -> int:
+        """Chips available now."""
+        return sum(h.chips_free for h in self.hosts if h.alive)
+
+    @property
+    def chips_reserved(self) -> int:
+        """Chips held by placement-group bundles."""
+        return sum(h.chips_reserved for h in self.hosts if h.alive)
+
+    @property
+    def chips_busy(self) -> int:
+        """Chips in use outside any bundle."""
+        return sum(h.chips_busy for h in self.hosts if h.alive)
+
+    @property
+    def state(self) -> str:
+        """One of :data:`SLICE_STATES`.
+
+        ``"degraded"`` when health is degraded; ``"reserved"`` when bundles hold every chip;
+        ``"free"`` when every chip is free and the head is not locked; ``"busy"`` when no chip is
+        free; otherwise ``"partial"`` (also: all chips free but the head locked).
+        """
+        total = self.chips_total
+        if self.health != "intact":
+            return "degraded"
+        if total and self.chips_reserved == total:
+            return "reserved"
+        if self.chips_free == total and not self.head_locked:
+            return "free"
+        if self.chips_free == 0:
+            return "busy"
+        return "partial"
+
+    @property
+    def idle(self) -> bool:
+        """Intact, every chip free and the head not locked: a slice reservation can take it."""
+        return self.state == "free"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict: fields (``shape`` as version/topology/chips_per_host) and totals."""
+        return {
+            "name": self.name, "pod_type": self.pod_type, "version": self.version,
+            "topology": self.topology, "shape": asdict(self.shape),
+            "hosts": [h.to_dict() for h in self.hosts], "health": self.health,
+            "reasons": list(self.reasons), "owners": list(self.owners),
+            "head_locked": self.head_locked, "state": self.state,
+            "hosts_alive": self.hosts_alive, "hosts_expected": self.hosts_expected,
+            "chips_total": self.chips_total, "chips_free": self.chips_free,
+            "chips_expected": self.chips_expected,
+        }
+
+
+@dataclass(frozen=True)
+class OtherNode:
+    """A node that is not a host of any slice (CPU head, CPU workers, odd TPU labels).
+
+    Attributes:
+        node_id: Ray node id (hex).
+        ip: Node IP address.
+        alive: The node is up.
+        is_head: It is the Ray head node.
+        labels: Its Ray labels.
+        resources_total: Its total resources, e.g. ``{"CPU": 2.0}``.
+        reason: Why it is not a slice host, e.g. ``"no TPU labels"``.
+    """
+
+    node_id: str
+    ip: str
+    alive: bool
+    is_head: bool
+    labels: dict[str, str]
+    resources_total: dict[str, float]
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of the fields."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """The whole cluster at one moment, as every view draws it.
+
+    Attributes:
+        fetched_at: When the raw state was read, seconds since the epoch.
+        slices: TPU slices sorted by name.
+        other_nodes: Nodes that are no slice host.
+        head_node_id: The Ray head node's id, or ``None``.
+        pending_owners: Owners of placement groups with bundles not placed on any node yet.
+    """
+
+    fetched_at: float
+    slices: list[SliceState]
+    other_nodes: list[OtherNode]
+    head_node_id: str | None
+    pending_owners: list[str] = field(default_factory=list)
+
+    def slice(self, name: str) -> SliceState:
+        """The slice called ``name``.
+
+        Raises:
+            KeyError: No such slice (the message lists the known ones).
+        """
+        for s in self.slices:
+            if s.name == name:
+                return s
+        raise KeyError(f"no slice {name!r}; slices: {[s.name for s in self.slices]}")
+
+    def slices_of(self, pod_type: str) -> list[SliceState]:
+        """Slices of a pod type, e.g. ``"v6e-16"`` (GKE's ``"tpu7x-8"`` matches ``"v7x-8"``)."""
+        want = _pod_key(pod_type)
+        return [s for s in self.slices if _pod_key(s.pod_type) == want]
+
+    def idle_slices(self, pod_type: str | None = None) -> list[SliceState]:
+        """Intact slices with every chip free and the head not locked, optionally of a pod type."""
+        pool = self.slices if pod_type is None else self.slices_of(pod_type)
+        return [s for s in pool if s.idle]
+
+    @property
+    def total_chips(self) -> int:
+        """Chips on live hosts of all slices."""
+        return sum(s.chips_total for s in self.slices)
+
+    @property
+    def free_chips(self) -> int:
+        """Chips available now on all slices."""
+        return sum(s.chips_free for s in self.slices)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of the snapshot (what a front end receives)."""
+        return {
+            "fetched_at": self.fetched_at, "head_node_id": self.head_node_id,
+            "slices": [s.to_dict() for s in self.slices],
+            "other_nodes": [n.to_dict() for n in self.other_nodes],
+            "pending_owners": list(self.pending_owners),
+            "total_chips": self.total_chips, "free_chips": self.free_chips,
+        }
+
+
+def _pod_key(pod_type: str) -> tuple[str, int] | str:
+    try:
+        return split_pod_type(pod_type)
+    except InvalidTopologyError:
+        return pod_type
+
+
+def _chips(amount: Any) -> int:
+    """Whole chips in a resource amount (a partly used chip is not free)."""
+    try:
+        return max(0, math.floor(float(amount) + 1e-9))
+    except (TypeError, ValueError):
+        return 0
+
+
+@dataclass
+class _Tpu:
+    """A node's parsed TPU labels."""
+
+    node: Mapping[str, Any]
+    slice_name: str
+    worker_id: int
+    shape: SliceShape
+
+
+def _read_labels(node: Mapping[str, Any]) -> _Tpu | str:
+    """Parse a node's TPU labels; return the reason it is no slice host when they do not fit."""
+    labels = node.get("labels") or {}
+    if not any(labels.get(k) for k in _TPU_LABELS):
+        tpu = _chips((node.get("resources_total") or {}).get("TPU", 0))
+        return f"TPU resource ({tpu}) but no TPU labels" if tpu else "no TPU labels"
+    name, worker = labels.get(LABEL_SLICE), str(labels.get(LABEL_WORKER, "")).strip()
+    pod, topology = labels.get(LABEL_POD_TYPE), labels.get(LABEL_TOPOLOGY)
+    accel = labels.get(LABEL_ACCELERATOR)
+    if not name:
+        return "TPU labels but no slice name"
+    if not worker.isdecimal():
+        return f"slice {name!r} but no usable worker id ({worker or 'none'})"
+    if not topology:
+        return f"slice {name!r} but no topology label"
+    try:
+        version = split_pod_type(pod)[0] if pod else normalize_version(accel or "")
+        shape = SliceShape(version, topology)
+    except InvalidTopologyError as err:
+        return f"slice {name!r}: unknown TPU shape ({err.what})"
+    return _Tpu(node, name, int(worker), shape)
+
+
+def _owner_name(pg: Mapping[str, Any], reservations: Mapping[str, str]) -> str:
+    pg_id = str(pg.get("placement_group_id", ""))
+    if pg_id in reservations:
+        return reservations[pg_id]
+    name = str(pg.get("name") or "")
+    if name.startswith(RESERVATION_PREFIX):
+        return name[len(RESERVATION_PREFIX):]
+    return f"placement group {pg_id[:8]}"
+
+
+def _bundles_by_node(groups: Iterable[Mapping[str, Any]], reservations: Mapping[str, str]
+                     ) -> tuple[dict[str, Counter[str]], set[str], list[str]]:
+    """``({node id: Counter(owner -> chips)}, {node ids with a head-lock bundle}, pending owners)``."""
+    held: dict[str, Counter[str]] = defaultdict(Counter)
+    head_locked: set[str] = set()
+    pending: list[str] = []
+    for pg in groups:
+        owner = _owner_name(pg, reservations)
+        for bundle in pg.get("bundles") or []:
+            node_id, res = bundle.get("node_id"), bundle.get("resources") or {}
+            if not node_id:
+                if owner not in pending:
+                    pending.append(owner)
+                continue
+            if any(k.startswith("TPU-") and k.endswith("-head") for k in res):
+                head_locked.add(node_id)
+            tpu = float(res.get("TPU", 0) or 0)
+            if tpu > 0:
+                held[node_id][owner] += math.ceil(tpu - 1e-9)
+    return held, head_locked, pending
+
+
+def _host(tpu: _Tpu, cph: int, held: Counter[str]) -> HostState:
+    node = tpu.node
+    labels = dict(node.get("labels") or {})
+    total = _chips((node.get("resources_total") or {}).get("TPU", 0))
+    common: dict[str, Any] = {
+        "worker_id": tpu.worker_id, "node_id": node.get("node_id"), "ip": str(node.get("ip", "")),
+        "chips": total, "labels": labels, "chips_per_host": cph}
+    owner = held.most_common(1)[0][0] if held else None
+    if not node.get("alive"):
+        return HostState(state="dead", chips_free=0, owner=owner, **common)
+    available = _chips((node.get("resources_available") or {}).get("TPU", 0))  # absent: 0
+    reserved = min(sum(held.values()), total)
+    free = max(0, min(available, total - reserved))
+    busy = total - reserved - free
+    state = "reserved" if reserved else "busy" if busy else "free"
+    return HostState(state=state, chips_free=free, owner=owner, chips_reserved=reserved,
+                     chips_busy=busy, **common)
+
+
+def _build_slice(name: str, members: list[_Tpu], expected: int | None,
+                 held: Mapping[str, Counter[str]], locked: set[str],
+                 other: list[OtherNode]) -> SliceState:
+    """One slice from the nodes claiming it; extra nodes go to ``other``."""
+    reasons: list[str] = []
+    votes = Counter((m.shape.version, m.shape.topology) for m in members)
+    (version, topology), _ = votes.most_common(1)[0]
+    shape = SliceShape(version, topology)
+    if expected and expected != shape.num_hosts:
+        with contextlib.suppress(InvalidTopologyError):  # keep Ray's rule if it cannot tile
+            shape = SliceShape(version, topology, shape.num_chips // expected)
+        if shape.num_hosts != expected:
+            reasons.append(f"expected {expected} hosts, {topology} has {shape.num_hosts}")
+    for m in members:
+        m_labels = m.node.get("labels") or {}
+        if (m.shape.version, m.shape.topology) != (version, topology):
+            reasons.append(f"labels inconsistent: worker {m.worker_id} says {m.shape.spec}, "
+                           f"slice is {shape.spec}")
+        pod = m_labels.get(LABEL_POD_TYPE)
+        if pod and _pod_key(pod) != _pod_key(shape.pod_type):
+            reasons.append(f"labels inconsistent: worker {m.worker_id} pod type {pod}, "
+                           f"topology {topology} is {shape.pod_type}")
+    by_worker: dict[int, list[_Tpu]] = defaultdict(list)
+    for m in members:
+        if m.worker_id < shape.num_hosts:
+            by_worker[m.worker_id].append(m)
+        else:
+            reasons.append(f"labels inconsistent: worker {m.worker_id} outside "
+                           f"{shape.num_hosts} hosts")
+            other.append(_other(m.node, f"worker {m.worker_id} outside slice {name!r}"))
+    hosts: list[HostState] = []
+    kept: dict[int, Mapping[str, Any]] = {}
+    for wid in range(shape.num_hosts):
+        claims = sorted(by_worker.get(wid, []), key=lambda m: not m.node.get("alive"))
+        if not claims:
+            hosts.append(HostState(wid, None, "", "missing", 0, 0, None,
+                                   chips_per_host=shape.chips_per_host))
+            reasons.append("no worker 0" if wid == 0 else f"worker {wid} missing")
+            continue
+        keep, *extra = claims
+        kept[wid] = keep.node
+        for m in extra:
+            if m.node.get("alive"):
+                reasons.append(f"labels inconsistent: worker {wid} claimed by several live nodes")
+            other.append(_other(m.node, f"duplicate worker {wid} of slice {name!r}"))
+        host = _host(keep, shape.chips_per_host, held.get(keep.node.get("node_id", ""), Counter()))
+        hosts.append(host)
+        if host.state == "dead":
+            reasons.append(f"worker {wid} dead")
+        elif host.chips < shape.chips_per_host:
+            reasons.append(f"chip count short on worker {wid} ({host.chips} of "
+                           f"{shape.chips_per_host})")
+        elif host.chips > shape.chips_per_host:
+            reasons.append(f"chip count over on worker {wid} ({host.chips} of "
+                           f"{shape.chips_per_host})")
+    head = hosts[0]
+    head_locked = head.node_id in locked
+    if head.alive:
+        node = kept[0]
+        total = node.get("resources_total") or {}
+        if not total.get(shape.head_resource):
+            reasons.append(f"worker 0 has no {shape.head_resource} resource")
+        elif not (node.get("resources_available") or {}).get(shape.head_resource):
+            head_locked = True
+    owners = list(dict.fromkeys(
+        o for h in hosts if h.alive for o in held.get(h.node_id or "", Counter())))
+    return SliceState(name=name, pod_type=shape.pod_type, version=shape.version,
+                      topology=shape.topology, shape=shape, hosts=hosts,
+                      health="degraded" if reasons else "intact",
+                      reasons=list(dict.fromkeys(reasons)), owners=owners,
+                      head_locked=head_locked)
+
+
+def _other(node: Mapping[str, Any], reason: str) -> OtherNode:
+    return OtherNode(node_id=str(node.get("node_id", "")), ip=str(node.get("ip", "")),
+                     alive=bool(node.get("alive")), is_head=bool(node.get("is_head")),
+                     labels=dict(node.get("labels") or {}),
+                     resources_total=dict(node.get("resources_total") or {}), reason=reason)
+
+
+def build_snapshot(raw: Mapping[str, Any], *, reservations: Mapping[str, str] | None = None,
+                   expected_hosts: Mapping[str, int] | None = None) -> ClusterSnapshot:
+    """Turn raw Ray state into slices, hosts and chips.
+
+    Args:
+        raw: The raw state of :func:`raytpu_lab.state.fetch.fetch_raw_state` (or a recording).
+        reservations: ``{placement group id: reservation name}`` from our registry. Groups named
+            ``"raytpu:<name>"`` count as reservation ``<name>`` without it.
+        expected_hosts: ``{slice name: hosts it should have}``, when known (the emulator knows);
+            sets chips per host when Ray's rule disagrees. A slice with no node at all is not
+            listed (its shape is unknown).
+
+    Returns:
+        The :class:`ClusterSnapshot`. Never raises on odd labels: such nodes land in
+        ``other_nodes`` with a reason, and their slice is marked degraded.
+    """
+    reservations = reservations or {}
+    expected_hosts = expected_hosts or {}
+    held, locked, pending = _bundles_by_node(raw.get("placement_groups") or [], reservations)
+    other: list[OtherNode] = []
+    by_slice: dict[str, list[_Tpu]] = defaultdict(list)
+    head_node_id = None
+    for node in raw.get("nodes") or []:
+        if node.get("is_head") and (head_node_id is None or node.get("alive")):
+            head_node_id = node.get("node_id")
+        parsed = _read_labels(node)
+        if isinstance(parsed, str):
+            other.append(_other(node, parsed))
+        else:
+            by_slice[parsed.slice_name].append(parsed)
+    slices = [_build_slice(name, by_slice[name], expected_hosts.get(name), held, locked, other)
+              for name in sorted(by_slice)]
+    return ClusterSnapshot(fetched_at=float(raw.get("fetched_at") or 0.0), slices=slices,
+                           other_nodes=other, head_node_id=head_node_id, pending_owners=pending)
