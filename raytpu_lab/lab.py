@@ -1,0 +1,279 @@
+"""The session API: one :class:`Lab` per kernel does everything the ``%raytpu`` magics do.
+
+Connect (emulator, GCS address or Ray Client), read the cluster as a snapshot, reserve and release
+whole slices, and launch ``JaxTrainer`` runs. The magics parse arguments and call these methods;
+every method works the same from a plain Python script.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from raytpu_lab.cluster import emulator
+from raytpu_lab.cluster.connect import connect, disconnect, wait_for_nodes
+from raytpu_lab.errors import EmulatorError, NotConnectedError, ReservationError
+from raytpu_lab.reserve import Reservation, diagnose, reserve
+from raytpu_lab.state.fetch import fetch_raw_state
+from raytpu_lab.state.model import ClusterSnapshot, build_snapshot
+from raytpu_lab.tpu.topology import SliceShape, parse_spec
+from raytpu_lab.train.jax_run import RunResult, launch_jax
+from raytpu_lab.widgets.status import StatusView
+
+__all__ = ["Lab", "get_lab"]
+
+_NODE_JOIN_TIMEOUT_S = 90.0
+
+
+class Lab:
+    """A notebook's view of one Ray cluster with TPU slices.
+
+    Attributes:
+        address: The Ray address this session is connected to, or ``None``.
+        cluster: The emulated cluster this session started or found, or ``None``.
+        last_run: The most recent training run's result.
+    """
+
+    def __init__(self) -> None:
+        self.address: str | None = None
+        self.cluster: emulator.EmulatedCluster | None = None
+        self.last_run: RunResult | None = None
+        self._reservations: dict[str, Reservation] = {}
+        self._names = itertools.count(1)
+
+    # -- cluster ---------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Whether this process is a Ray driver connected through this session."""
+        return self.address is not None and ray.is_initialized()
+
+    def up(self, tpu: str = "v6e:4x4", slices: int = 2, *, name: str = emulator.DEFAULT_NAME,
+           timeout_s: float = 180.0) -> emulator.EmulatedCluster:
+        """Start a local emulated TPU cluster and connect to it.
+
+        Args:
+            tpu: ``"<version>:<topology>"``, e.g. ``"v6e:4x4"``, ``"v4:2x2x2"``, ``"v5e:2x2"``.
+            slices: Number of slices of that shape.
+            name: Cluster name (one emulated cluster per name).
+            timeout_s: Seconds to wait for every node to start.
+
+        Returns:
+            The running cluster (``address``, ``dashboard_url``, ``hosts``).
+
+        Raises:
+            InvalidTopologyError: ``tpu`` is not a valid spec (nothing is started).
+            EmulatorError: A cluster with this name runs already (the message says how to reach
+                or stop it), or nodes failed to start or join.
+        """
+        parse_spec(tpu)
+        cluster = emulator.up([(tpu, slices)], name=name, timeout_s=timeout_s)
+        try:
+            self.connect(cluster.address)
+            expected = len(cluster.hosts) + 1
+            seen = wait_for_nodes(_alive_nodes, expected, _NODE_JOIN_TIMEOUT_S)
+            if seen < expected:
+                raise EmulatorError(
+                    f"Only {seen} of {expected} emulated nodes joined Ray within "
+                    f"{_NODE_JOIN_TIMEOUT_S:.0f} s.",
+                    why=f"Node logs are in {cluster.folder / 'logs'}.",
+                    fix="Start fewer slices, or check memory (about 280 MB per host).")
+        except BaseException:
+            self.address = None
+            disconnect()
+            cluster.down()
+            raise
+        self.cluster = cluster
+        return cluster
+
+    def connect(self, address: str, *, timeout_s: float = 15.0) -> None:
+        """Connect to an existing Ray cluster (GCS ``HOST:PORT`` or ``ray://HOST:PORT``).
+
+        Raises:
+            ConnectError: Nothing answered within ``timeout_s`` seconds, or Ray refused.
+        """
+        self._forget_reservations()
+        connect(address, timeout_s=timeout_s)
+        self.address = address
+        found = [c for c in _running_emulators() if c.address == address]
+        self.cluster = found[0] if found else None
+
+    def down(self) -> None:
+        """Release this session's reservations, disconnect, and stop the emulated cluster.
+
+        Stops the cluster this session started, else the default-named one if it runs.
+        Idempotent.
+        """
+        for res in list(self._reservations.values()):
+            res.release()
+        self._reservations.clear()
+        cluster = self.cluster or emulator.find()
+        self.address = None
+        self.cluster = None
+        disconnect()
+        if cluster is not None:
+            cluster.down()
+
+    # -- state -----------------------------------------------------------------------------
+
+    def snapshot(self) -> ClusterSnapshot:
+        """Read the cluster now: slices -> hosts -> chips with state and health.
+
+        Raises:
+            NotConnectedError: No cluster connected.
+        """
+        self._require_connection("read the cluster state")
+        expected = self.cluster.expected_hosts if self.cluster else None
+        return build_snapshot(fetch_raw_state(), expected_hosts=expected)
+
+    def status(self, highlight: set[str] | None = None) -> StatusView:
+        """A view of the snapshot: text table, HTML table and SVG map (for display)."""
+        own = {s for r in self._reservations.values() for s in r.slice_names}
+        return StatusView(self.snapshot(), highlight=highlight if highlight is not None else own)
+
+    # -- reservations ----------------------------------------------------------------------
+
+    def reserve(self, topology: str, version: str, *, slices: int = 1, name: str | None = None,
+                timeout_s: float = 60.0, detached: bool = False,
+                on_wait: Callable[[float], None] | None = None) -> Reservation:
+        """Reserve whole slices atomically (see :func:`raytpu_lab.reserve.reserve`).
+
+        Args:
+            topology: e.g. ``"4x4"``.
+            version: e.g. ``"v6e"``.
+            slices: Slices to hold together.
+            name: Reservation name; ``r1``, ``r2``... if omitted.
+            timeout_s: Seconds to wait for free slices.
+            detached: Keep it after this kernel exits.
+            on_wait: Progress callback, called with seconds elapsed while waiting.
+
+        Raises:
+            InvalidTopologyError: Topology not valid for the generation (nothing requested).
+            NotConnectedError: No cluster connected.
+            ReservationError: The name is taken.
+            NoSliceAvailableError: No intact idle slices within ``timeout_s`` (or never enough).
+        """
+        shape = SliceShape.of(version, topology)
+        self._require_connection("reserve a slice")
+        name = name or self._next_name()
+        if name in self._reservations:
+            raise ReservationError(f"A reservation named {name!r} exists already.",
+                                   fix=f"Pick another name, or release it first: %raytpu release {name}")
+        res = reserve(shape, self.snapshot, name=name, num_slices=slices, timeout_s=timeout_s,
+                      detached=detached, on_wait=on_wait)
+        self._reservations[name] = res
+        return res
+
+    def release(self, name: str) -> None:
+        """Release reservation ``name``.
+
+        Raises:
+            ReservationError: This session holds no reservation of that name.
+        """
+        res = self._reservations.pop(name, None)
+        if res is None:
+            held = ", ".join(self._reservations) or "none"
+            raise ReservationError(f"No reservation named {name!r} in this session.",
+                                   why=f"Reservations held: {held}.",
+                                   fix="List them with %raytpu reservations.")
+        res.release()
+
+    def reservations(self) -> list[Reservation]:
+        """This session's reservations, oldest first."""
+        return list(self._reservations.values())
+
+    # -- training --------------------------------------------------------------------------
+
+    def train_jax(self, train_fn: Callable[..., Any], topology: str, version: str, *,
+                  slices: int = 1, name: str | None = None, config: dict[str, Any] | None = None,
+                  storage_path: str | None = None, wait_s: float = 60.0,
+                  on_records: Callable[[list[dict[str, Any]]], None] | None = None) -> RunResult:
+        """Train with Ray Train's ``JaxTrainer`` on ``slices`` whole slices (one worker per host).
+
+        Args:
+            train_fn: Per-worker function ``f(config)``; calls ``ray.train.report``.
+            topology: e.g. ``"4x4"``.
+            version: e.g. ``"v6e"``.
+            slices: Slices (multi-slice when > 1).
+            name: Run name; ``jax-<time>`` if omitted.
+            config: Passed to ``train_fn``.
+            storage_path: Ray Train storage for checkpoints and results.
+            wait_s: Seconds to wait for enough idle slices before launching.
+            on_records: Live callback with each batch of reported records.
+
+        Raises:
+            InvalidTopologyError: Bad topology (before Ray is asked).
+            NotConnectedError: No cluster connected.
+            NoSliceAvailableError: Not enough intact idle slices within ``wait_s``.
+            TrainingError: The workers raised (the slices are freed).
+        """
+        shape = SliceShape.of(version, topology)
+        self._require_connection("launch a JaxTrainer run")
+        self._wait_for_idle(shape, slices, wait_s)
+        run = launch_jax(train_fn, shape, name=name or f"jax-{time.strftime('%H%M%S')}",
+                         num_slices=slices, config=config, storage_path=storage_path,
+                         snapshot=self.snapshot, on_records=on_records)
+        self.last_run = run
+        return run
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _wait_for_idle(self, shape: SliceShape, slices: int, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            snap = self.snapshot()
+            intact = [s for s in snap.slices_of(shape.pod_type) if s.health == "intact"]
+            if len(intact) < slices:
+                raise diagnose(snap, shape, slices, timeout_s=0.0, impossible=True)
+            if len(snap.idle_slices(shape.pod_type)) >= slices:
+                return
+            if time.monotonic() >= deadline:
+                raise diagnose(snap, shape, slices, timeout_s=wait_s)
+            time.sleep(0.5)
+
+    def _require_connection(self, doing: str) -> None:
+        if not self.connected:
+            raise NotConnectedError(
+                f"Cannot {doing}: no Ray cluster is connected.",
+                fix="Start the local emulator (%raytpu up) or connect (%raytpu connect ADDRESS).")
+
+    def _next_name(self) -> str:
+        while True:
+            name = f"r{next(self._names)}"
+            if name not in self._reservations:
+                return name
+
+    def _forget_reservations(self) -> None:
+        for res in list(self._reservations.values()):
+            if not res.detached:
+                res.release()
+        self._reservations.clear()
+
+
+def _alive_nodes() -> int:
+    return sum(1 for n in ray.nodes() if n.get("Alive"))
+
+
+def _running_emulators() -> list[emulator.EmulatedCluster]:
+    root = emulator.state_root()
+    if not root.exists():
+        return []
+    found = (emulator.find(p.name) for p in root.iterdir() if p.is_dir())
+    return [c for c in found if c is not None]
+
+
+_LAB: Lab | None = None
+
+
+def get_lab() -> Lab:
+    """The kernel's one :class:`Lab` (created on first use)."""
+    global _LAB
+    if _LAB is None:
+        _LAB = Lab()
+        atexit.register(_LAB._forget_reservations)
+    return _LAB

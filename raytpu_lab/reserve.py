@@ -1,0 +1,233 @@
+"""Slice reservations: whole TPU slices held through ``ray.util.tpu.slice_placement_group``.
+
+A reservation is a :class:`ray.util.tpu.SlicePlacementGroup` pinned to slices we chose from our
+own snapshot, plus a head lock per slice:
+
+1. Pick intact, idle slices of the pod type from the snapshot (chips and head all free; Ray omits
+   exhausted resources, so missing availability counts as zero). Ray's own
+   ``get_num_ready_tpu_slices`` reads a missing key as "all free", and its head-first scheduling
+   can win the head of a busy or broken slice and then wait forever for the rest.
+2. Take the slice's head lock: a placement group on ``TPU-<pod type>-head`` (the resource Ray puts
+   on worker 0 and that ``JaxTrainer`` and ``slice_placement_group`` claim first), pinned to that
+   slice, with the reservation's lifetime. Holding it keeps other Ray users off the slice.
+3. Reserve every host through ``slice_placement_group(..., bundle_label_selector=[{slice name}])``:
+   Ray gang-schedules the bundles atomically, one per host.
+4. Every wait is bounded by the timeout; what was half made is removed before trying the next
+   slices or raising.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.tpu import SlicePlacementGroup, slice_placement_group
+
+from raytpu_lab.errors import NoSliceAvailableError, ReservationError
+from raytpu_lab.state.model import LABEL_SLICE, LABEL_WORKER, RESERVATION_PREFIX, ClusterSnapshot
+from raytpu_lab.tpu.topology import SliceShape
+
+__all__ = ["Reservation", "reserve", "diagnose", "RESERVATION_PREFIX"]
+
+_HEAD_SUFFIX = ":head"
+
+
+@dataclass
+class Reservation:
+    """Whole TPU slices held by this session.
+
+    Attributes:
+        name: The reservation's name (placement group ``"raytpu:<name>"``).
+        shape: Generation and topology of each slice.
+        slice_names: The reserved slices, e.g. ``["tpu-v6e-4x4-1"]``.
+        handle: Ray's ``SlicePlacementGroup``; its placement group has one bundle per host,
+            ``shape.chips_per_host`` TPU each.
+        head_locks: One placement group per slice on ``TPU-<pod type>-head``.
+        detached: Whether it outlives the kernel that made it.
+        created_at: Seconds since the epoch.
+    """
+
+    name: str
+    shape: SliceShape
+    slice_names: list[str]
+    handle: SlicePlacementGroup
+    head_locks: list[PlacementGroup] = field(default_factory=list)
+    detached: bool = False
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def placement_group(self) -> PlacementGroup:
+        """The placement group holding every host (bundle i on one host of the slices)."""
+        pg = self.handle.placement_group
+        assert pg is not None
+        return pg
+
+    @property
+    def num_hosts(self) -> int:
+        """Hosts held, all slices together."""
+        return self.shape.num_hosts * len(self.slice_names)
+
+    @property
+    def num_chips(self) -> int:
+        """Chips held, all slices together."""
+        return self.shape.num_chips * len(self.slice_names)
+
+    def release(self) -> None:
+        """Remove the placement groups (chips first, then head locks). Idempotent."""
+        self.handle.shutdown()
+        for pg in self.head_locks:
+            _remove_quietly(pg)
+        self.head_locks = []
+
+    def __repr__(self) -> str:
+        return (f"Reservation({self.name!r}, {self.shape.pod_type} {self.shape.topology}, "
+                f"slices={self.slice_names}, hosts={self.num_hosts}, chips={self.num_chips})")
+
+
+def reserve(
+    shape: SliceShape,
+    snapshot: Callable[[], ClusterSnapshot],
+    *,
+    name: str,
+    num_slices: int = 1,
+    timeout_s: float = 60.0,
+    detached: bool = False,
+    on_wait: Callable[[float], None] | None = None,
+) -> Reservation:
+    """Reserve ``num_slices`` whole slices of ``shape`` atomically.
+
+    Args:
+        shape: Generation and topology (already validated by :class:`SliceShape`).
+        snapshot: Returns a fresh cluster snapshot (the session's single state reader).
+        name: Reservation name; the placement group is named ``"raytpu:<name>"``.
+        num_slices: Slices to hold together (multi-slice).
+        timeout_s: Seconds to wait in all, across retries.
+        detached: Keep the reservation when this driver exits (``lifetime="detached"``).
+        on_wait: Called about every 0.5 s while waiting, with the seconds elapsed.
+
+    Returns:
+        The reservation, with every bundle placed.
+
+    Raises:
+        NoSliceAvailableError: The cluster has fewer intact slices of that pod type than asked
+            (at once), or none became idle within ``timeout_s`` (names each slice and why).
+    """
+    start = time.monotonic()
+    deadline = start + timeout_s
+    lifetime = "detached" if detached else None
+    snap = snapshot()
+    intact = [s for s in snap.slices_of(shape.pod_type) if s.health == "intact"]
+    if len(intact) < num_slices:
+        raise diagnose(snap, shape, num_slices, timeout_s=0.0, impossible=True)
+    while True:
+        chosen = [s.name for s in snap.idle_slices(shape.pod_type)][:num_slices]
+        if len(chosen) == num_slices:
+            made = _try_reserve(shape, chosen, name, lifetime, deadline, start, on_wait)
+            if made is not None:
+                return Reservation(name=name, shape=shape, slice_names=chosen, handle=made[0],
+                                   head_locks=made[1], detached=detached)
+        if time.monotonic() >= deadline:
+            raise diagnose(snapshot(), shape, num_slices, timeout_s=timeout_s)
+        _tick(on_wait, start)
+        time.sleep(0.5)
+        snap = snapshot()
+
+
+def _try_reserve(shape: SliceShape, slices: list[str], name: str, lifetime: str | None,
+                 deadline: float, start: float, on_wait: Callable[[float], None] | None,
+                 ) -> tuple[SlicePlacementGroup, list[PlacementGroup]] | None:
+    """Head locks, then the pinned slice placement group; ``None`` (all removed) if not in time."""
+    locks = [placement_group(
+        bundles=[{shape.head_resource: 1}],
+        bundle_label_selector=[{LABEL_SLICE: s, LABEL_WORKER: "0"}],
+        name=f"{RESERVATION_PREFIX}{name}{_HEAD_SUFFIX}", lifetime=lifetime) for s in slices]
+    handle: SlicePlacementGroup | None = None
+    made = False
+    try:
+        if not _wait_ready(locks, deadline, start, on_wait):
+            return None
+        handle = slice_placement_group(
+            shape.topology, shape.version, num_slices=len(slices),
+            bundle_label_selector=[{LABEL_SLICE: s} for s in slices for _ in range(shape.num_hosts)],
+            name=f"{RESERVATION_PREFIX}{name}", lifetime=lifetime)
+        pg = handle.placement_group
+        made = pg is not None and _wait_ready([pg], deadline, start, on_wait)
+        return (handle, locks) if made else None
+    finally:
+        # Anything not returned above is half made: remove it before retrying or raising.
+        if not made:
+            if handle is not None:
+                handle.shutdown()
+            for pg in locks:
+                _remove_quietly(pg)
+
+
+def _wait_ready(pgs: list[PlacementGroup], deadline: float, start: float,
+                on_wait: Callable[[float], None] | None) -> bool:
+    refs = [pg.ready() for pg in pgs]
+    while True:
+        remaining = deadline - time.monotonic()
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, min(0.5, remaining)))
+        if len(ready) == len(refs):
+            return True
+        if remaining <= 0:
+            return False
+        _tick(on_wait, start)
+
+
+def _tick(on_wait: Callable[[float], None] | None, start: float) -> None:
+    if on_wait is not None:
+        on_wait(time.monotonic() - start)
+
+
+def _remove_quietly(pg: PlacementGroup) -> None:
+    try:
+        remove_placement_group(pg)
+    except Exception:  # already removed, or the cluster is gone: nothing left to free
+        pass
+
+
+def diagnose(snap: ClusterSnapshot, shape: SliceShape, num_slices: int, *, timeout_s: float,
+             impossible: bool = False) -> NoSliceAvailableError:
+    """Explain why ``num_slices`` slices of ``shape`` cannot be reserved, slice by slice.
+
+    Args:
+        snap: The snapshot to explain from.
+        shape: The requested generation and topology.
+        num_slices: Slices requested.
+        timeout_s: How long was waited (0 when the request could never succeed).
+        impossible: The cluster has too few intact slices of that pod type at all.
+
+    Returns:
+        The error to raise (not raised here, so callers can add context).
+    """
+    reasons: dict[str, str] = {}
+    for s in snap.slices_of(shape.pod_type):
+        if s.health != "intact":
+            reasons[s.name] = "degraded: " + "; ".join(s.reasons)
+        elif s.owners:
+            reasons[s.name] = "held by " + ", ".join(s.owners)
+        elif s.chips_busy:
+            reasons[s.name] = f"{s.chips_busy} of {s.chips_total} chips busy"
+        elif s.head_locked:
+            reasons[s.name] = "head (worker 0) locked by another placement group"
+        else:
+            reasons[s.name] = "idle"
+    idle = sum(1 for r in reasons.values() if r == "idle")
+    lines = "\n".join(f"  - {n}: {r}" for n, r in reasons.items()) or "  (none)"
+    if impossible:
+        what = (f"Cannot reserve {num_slices} slice(s) of {shape.pod_type} ({shape.topology}): the "
+                f"cluster has {sum(1 for s in snap.slices_of(shape.pod_type) if s.health == 'intact')} "
+                f"intact slice(s) of that pod type.")
+        fix = ("Ask for fewer slices, another topology, or start a bigger cluster "
+               f"(%raytpu up --tpu {shape.version}:{shape.topology} --slices {num_slices}).")
+    else:
+        what = (f"No {num_slices} idle slice(s) of {shape.pod_type} ({shape.topology}) became free "
+                f"within {timeout_s:.0f} s; {idle} intact idle slice(s) now.")
+        fix = "Release a reservation (%raytpu reservations / release NAME), wait for runs to end, or raise --timeout."
+    return NoSliceAvailableError(
+        what, why="Slices of that pod type:\n" + lines, fix=fix, pod_type=shape.pod_type,
+        timeout_s=timeout_s, slices_needed=num_slices, slices_idle=idle, reasons=reasons)
