@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         i = current["index"]
         head = (nb.cells[i].source.strip().splitlines() or [""])[0][:80] if i >= 0 else ""
         why = f"{exc.ename}: {exc.evalue}" if isinstance(exc, CellExecutionError) else str(exc)
-        failure = f"cell {i} failed ({head}): {(why.strip().splitlines() or [''])[0][:300]}"
+        failure = f"cell {i + 1}/{len(nb.cells)} failed ({head}): {(why.strip().splitlines() or [''])[0][:300]}"
     except KeyboardInterrupt:
         print("interrupted: tearing down", flush=True)
         return 130

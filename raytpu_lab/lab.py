@@ -16,7 +16,7 @@ from typing import Any
 import ray
 
 from raytpu_lab.cluster import emulator
-from raytpu_lab.cluster.connect import connect, disconnect, wait_for_nodes
+from raytpu_lab.cluster.connect import connect, disconnect, probe, wait_for_nodes
 from raytpu_lab.errors import EmulatorError, NotConnectedError, ReservationError
 from raytpu_lab.reserve import Reservation, diagnose, reserve
 from raytpu_lab.state.fetch import fetch_raw_state
@@ -97,6 +97,7 @@ class Lab:
         Raises:
             ConnectError: Nothing answered within ``timeout_s`` seconds, or Ray refused.
         """
+        probe(address, timeout_s=timeout_s)  # fail before dropping the current connection
         self._forget_reservations()
         connect(address, timeout_s=timeout_s)
         self.address = address
@@ -192,6 +193,7 @@ class Lab:
     def train_jax(self, train_fn: Callable[..., Any], topology: str, version: str, *,
                   slices: int = 1, name: str | None = None, config: dict[str, Any] | None = None,
                   storage_path: str | None = None, wait_s: float = 60.0,
+                  on_launch: Callable[[], None] | None = None,
                   on_records: Callable[[list[dict[str, Any]]], None] | None = None) -> RunResult:
         """Train with Ray Train's ``JaxTrainer`` on ``slices`` whole slices (one worker per host).
 
@@ -204,6 +206,7 @@ class Lab:
             config: Passed to ``train_fn``.
             storage_path: Ray Train storage for checkpoints and results.
             wait_s: Seconds to wait for enough idle slices before launching.
+            on_launch: Called once checks pass, just before the run starts (e.g. show a chart).
             on_records: Live callback with each batch of reported records.
 
         Raises:
@@ -215,6 +218,8 @@ class Lab:
         shape = SliceShape.of(version, topology)
         self._require_connection("launch a JaxTrainer run")
         self._wait_for_idle(shape, slices, wait_s)
+        if on_launch is not None:
+            on_launch()
         run = launch_jax(train_fn, shape, name=name or f"jax-{time.strftime('%H%M%S')}",
                          num_slices=slices, config=config, storage_path=storage_path,
                          snapshot=self.snapshot, on_records=on_records)

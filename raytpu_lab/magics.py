@@ -142,20 +142,22 @@ class RaytpuMagics(Magics):
         display(get_lab().status())
 
     def _do_reserve(self, args: argparse.Namespace, cell: str | None) -> None:
-        progress = display({"text/plain": "waiting for free slices..."}, raw=True, display_id=True)
+        progress: list[Any] = []  # a display appears only once we actually wait
 
         def on_wait(elapsed_s: float) -> None:
-            if progress is not None:
-                progress.update({"text/plain": f"waiting for {args.slices} free {args.version} "
-                                 f"{args.topology} slice(s)... {elapsed_s:.0f} s of {args.timeout:.0f}"},
-                                raw=True)
+            text = {"text/plain": f"waiting for {args.slices} free {args.version} {args.topology} "
+                                  f"slice(s)... {elapsed_s:.0f} s of {args.timeout:.0f} s"}
+            if progress:
+                progress[0].update(text, raw=True)
+            else:
+                progress.append(display(text, raw=True, display_id=True))
 
         try:
             res = get_lab().reserve(args.topology, args.version, slices=args.slices, name=args.name,
                                     timeout_s=args.timeout, detached=args.detached, on_wait=on_wait)
         finally:
-            if progress is not None:
-                progress.update({"text/plain": ""}, raw=True)
+            if progress:
+                progress[0].update({"text/plain": ""}, raw=True)
         print(f"Reserved {res.name!r}: {', '.join(res.slice_names)} "
               f"({res.num_hosts} hosts, {res.num_chips} chips).")
         display(get_lab().status(highlight=set(res.slice_names)))
@@ -178,14 +180,16 @@ class RaytpuMagics(Magics):
         fn = self._training_function(cell, args.fn)
         config = eval(args.config, self.shell.user_ns) if args.config else None  # noqa: S307 - the user's own expression
         chart = RunChart(args.name or fn.__name__)
-        handle = display(chart.figure, display_id=True)
+        handles: list[Any] = []
         try:
-            run = get_lab().train_jax(fn, args.topology, args.version, slices=args.slices,
-                                      name=args.name, config=config, storage_path=args.storage,
-                                      on_records=chart.add)
+            run = get_lab().train_jax(
+                fn, args.topology, args.version, slices=args.slices, name=args.name, config=config,
+                storage_path=args.storage, on_records=chart.add,
+                on_launch=lambda: handles.append(display(chart.figure, display_id=True)))
         finally:
-            if handle is not None and chart.has_data:
-                handle.update(HTML(chart.static_html()))
+            # Swap the live widget for a static chart, so exports and reloads still show it.
+            if handles and handles[0] is not None and chart.has_data:
+                handles[0].update(HTML(chart.static_html()))
         self.shell.user_ns[args.out] = run
         s = run.summary()
         print(f"Run {s['name']!r} finished on {', '.join(s['slices']) or '?'}: {s['steps']} steps in "

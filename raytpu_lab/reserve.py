@@ -26,7 +26,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.tpu import SlicePlacementGroup, slice_placement_group
 
-from raytpu_lab.errors import NoSliceAvailableError, ReservationError
+from raytpu_lab.errors import NoSliceAvailableError
 from raytpu_lab.state.model import LABEL_SLICE, LABEL_WORKER, RESERVATION_PREFIX, ClusterSnapshot
 from raytpu_lab.tpu.topology import SliceShape
 

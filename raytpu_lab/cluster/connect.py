@@ -15,7 +15,7 @@ import ray
 
 from raytpu_lab.errors import ConnectError
 
-__all__ = ["connect", "disconnect", "wait_for_nodes", "split_address"]
+__all__ = ["connect", "probe", "disconnect", "wait_for_nodes", "split_address"]
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -35,6 +35,30 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def probe(address: str, *, timeout_s: float = 15.0) -> None:
+    """Check that something accepts TCP connections at ``address`` within ``timeout_s`` seconds.
+
+    Raises:
+        ConnectError: The address is malformed or nothing answered in time.
+    """
+    host, port = split_address(address)
+    deadline = time.monotonic() + timeout_s
+    last_error: OSError | None = None
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())):
+                return
+        except OSError as err:
+            last_error = err
+            time.sleep(0.25)
+    raise ConnectError(
+        f"Nothing answered at {address} within {timeout_s:.0f} s.",
+        why=f"TCP connection to {host}:{port} failed ({last_error}).",
+        fix="Check the address (GCS port 6379, Ray Client port 10001), that the cluster is up "
+            "(%raytpu up starts a local emulated one), or port-forward the head service.",
+        address=address, timeout_s=timeout_s)
+
+
 def connect(address: str, *, timeout_s: float = 15.0, namespace: str = "raytpu") -> None:
     """Connect this process to the Ray cluster at ``address``, replacing any earlier connection.
 
@@ -44,26 +68,11 @@ def connect(address: str, *, timeout_s: float = 15.0, namespace: str = "raytpu")
         namespace: Ray namespace for named actors and detached placement groups.
 
     Raises:
-        ConnectError: Nothing accepted a connection at ``address`` within ``timeout_s`` seconds,
-            or Ray refused to connect (message includes Ray's reason).
+        ConnectError: Nothing accepted a connection at ``address`` within ``timeout_s`` seconds
+            (the current connection, if any, is kept), or Ray refused to connect (message
+            includes Ray's reason).
     """
-    host, port = split_address(address)
-    deadline = time.monotonic() + timeout_s
-    last_error: OSError | None = None
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())):
-                break
-        except OSError as err:
-            last_error = err
-            time.sleep(0.25)
-    else:
-        raise ConnectError(
-            f"Nothing answered at {address} within {timeout_s:.0f} s.",
-            why=f"TCP connection to {host}:{port} failed ({last_error}).",
-            fix="Check the address (GCS port 6379, Ray Client port 10001), that the cluster is up "
-                "(%raytpu up starts a local emulated one), or port-forward the head service.",
-            address=address, timeout_s=timeout_s)
+    probe(address, timeout_s=timeout_s)
     if ray.is_initialized():
         ray.shutdown()
     try:

@@ -32,6 +32,7 @@ import psutil
 from raytpu_lab.cluster.gke_env import (
     emulated_jax_environment,
     group_name,
+    head_environment,
     slice_name,
     tpu_host_environment,
 )
@@ -199,7 +200,7 @@ def up(
     started: list[subprocess.Popen[bytes]] = []
     try:
         head = _start_node(
-            folder, "head", os.environ.copy(),
+            folder, "head", {**os.environ, **head_environment(cluster=name, gcs_port=gcs_port)},
             ["--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
              f"--num-cpus={_HEAD_NUM_CPUS}",
              "--include-dashboard=true", "--dashboard-host=127.0.0.1",

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from raytpu_lab.tpu.topology import SliceShape
 
-__all__ = ["group_name", "slice_name", "pod_name", "tpu_host_environment", "emulated_jax_environment"]
+__all__ = [
+    "group_name", "slice_name", "pod_name", "head_environment", "tpu_host_environment",
+    "emulated_jax_environment",
+]
 
 _METRICS_BASE_PORT = 8431  # TPU_RUNTIME_METRICS_PORTS: one port per chip, from 8431 (device plugin)
 
@@ -32,6 +35,24 @@ def slice_name(group: str, replica: int) -> str:
 def pod_name(cluster: str, group: str, replica: int, worker_id: int) -> str:
     """A stable stand-in for the pod name KubeRay generates (``<cluster>-<group>-worker-<suffix>``)."""
     return f"{cluster}-{group}-worker-r{replica}h{worker_id}"
+
+
+def head_environment(*, cluster: str, gcs_port: int, namespace: str = "default") -> dict[str, str]:
+    """Environment of the Ray head pod as KubeRay sets it (``RAY_ADDRESS`` is ``127.0.0.1:<port>``).
+
+    Ray code that looks for "the" cluster (``address="auto"``, e.g. Ray Train's placement-group
+    cleaner using the state API) reads ``RAY_ADDRESS``; without it, it scans the machine and fails
+    when several local clusters run.
+    """
+    return {
+        "RAY_CLUSTER_NAME": cluster,
+        "RAY_CLUSTER_NAMESPACE": namespace,
+        "RAY_CLOUD_INSTANCE_ID": f"{cluster}-head",
+        "RAY_NODE_TYPE_NAME": "headgroup",
+        "RAY_PORT": str(gcs_port),
+        "RAY_ADDRESS": f"127.0.0.1:{gcs_port}",
+        "RAY_USAGE_STATS_KUBERAY_IN_USE": "1",
+    }
 
 
 def tpu_host_environment(
