@@ -1,16 +1,17 @@
 """Run the quickstart notebook headless on the emulated TPU cluster and report what it measured.
 
-``python -m raytpu_lab.demo`` (what ``make demo`` runs) executes ``notebooks/01_quickstart.ipynb`` with
-nbclient, writes ``build/quickstart.ipynb`` (executed) and ``build/quickstart.html`` (static: the SVG
-topology and plotly.js are inline, so it renders offline), always stops the emulated cluster the
-notebook started, and prints as its last line ``RESULT {json}``: the dict from the cell tagged
-``demo-result`` plus ``wall_s``. Exit status: 0 success, 1 failed cell or no result, 130 interrupted.
+``python -m raytpu_lab.demo`` (what ``make demo`` runs) executes ``notebooks/01_quickstart.ipynb``
+with nbclient, writes ``build/quickstart.ipynb`` (executed) and ``build/quickstart.html`` (static:
+the SVG topology and plotly.js are inline, so it renders offline), always stops the emulated
+cluster the notebook started, and prints as its last line ``RESULT {json}``: the dict from the cell
+tagged ``demo-result`` plus ``wall_s``. Exit status: 0 ok, 1 failed cell or no result, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
 import json
 import signal
 import sys
@@ -23,9 +24,9 @@ import zmq
 from jinja2 import DictLoader
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
-from jupyter_core.utils import run_sync
+from jupyter_core.utils import ensure_async
 from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+from nbclient.exceptions import CellExecutionError
 from nbconvert import HTMLExporter
 from traitlets import default
 
@@ -38,12 +39,12 @@ RESULT_TAG = "demo-result"
 RESULT_KEYS = ("slice", "hosts", "devices", "loss_first", "loss_last", "steps_per_s")
 CELL_TIMEOUT_S = 600
 
-# The lab template pulls require.js, MathJax and mermaid from a CDN (and the widget manager from
-# unpkg when widget state is saved). Offline they fail; online require.js makes plotly.js's inline
-# UMD bundle register as an anonymous AMD module so ``window.Plotly`` is never set and the chart
-# stays blank. Dropping those blocks leaves a page with no external script at all. It also shows
-# image/svg+xml as an <img> data URI (its ``skip_svg_encoding`` runs bleach, which escapes <svg>):
-# we inline the SVG itself so its <title> tooltips and element ids work in the page.
+# The lab template loads require.js, MathJax and mermaid from a CDN (and the widget manager from
+# unpkg when widget state is saved). Offline they fail; online, require.js makes plotly.js's inline
+# UMD bundle register as an anonymous AMD module, so ``window.Plotly`` is never set and the chart
+# stays blank. Without those blocks the page loads no external script. The lab template also shows
+# image/svg+xml as an <img> data URI (its ``skip_svg_encoding`` runs bleach, which escapes <svg>);
+# we inline the SVG itself so its ids and <title> tooltips work in the page.
 _OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
@@ -60,10 +61,10 @@ _OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 class _VenvKernelManager(AsyncKernelManager):  # type: ignore[misc]
     """Kernel ``python3`` that always runs in this interpreter (``sys.executable``).
 
-    With no kernelspec directories to search, ``python3`` resolves to ipykernel's built-in spec, whose
-    argv starts with ``sys.executable``; a ``python3`` kernelspec in ``~/.local/share/jupyter`` or
-    ``/usr/share/jupyter`` (possibly another Python without raytpu_lab) can't shadow it, and nothing is
-    installed anywhere.
+    With no kernelspec folders to search, ``python3`` resolves to ipykernel's built-in spec, whose
+    argv starts with ``sys.executable``: a ``python3`` kernelspec in ``~/.local/share/jupyter`` or
+    ``/usr/share/jupyter`` (maybe another Python, without raytpu_lab) can't shadow it, and nothing
+    needs installing first.
     """
 
     @default("kernel_spec_manager")
@@ -84,7 +85,9 @@ def read_result(nb: nbformat.NotebookNode) -> dict[str, Any]:
             data = out.get("data", {})
             if isinstance(data.get("application/json"), dict):
                 return dict(data["application/json"])
-            text = data.get("text/plain") or (out.get("text") if out.get("name") == "stdout" else "")
+            text = data.get("text/plain") or (
+                out.get("text") if out.get("name") == "stdout" else ""
+            )
             for chunk in [text, *reversed(text.splitlines())] if text else []:
                 for parse in (json.loads, ast.literal_eval):
                     try:
@@ -97,92 +100,102 @@ def read_result(nb: nbformat.NotebookNode) -> dict[str, Any]:
 
 
 def export_html(nb: nbformat.NotebookNode, path: Path) -> None:
-    """Write ``nb`` as a self-contained JupyterLab-styled HTML page (no CDN scripts)."""
+    """Write ``nb`` as a JupyterLab-styled HTML page that loads no external script."""
+    loader = DictLoader({"raytpu_offline.html.j2": _OFFLINE_TEMPLATE})
     exporter = HTMLExporter(
-        template_name="lab",
-        template_file="raytpu_offline.html.j2",
-        extra_loaders=[DictLoader({"raytpu_offline.html.j2": _OFFLINE_TEMPLATE})],
+        template_name="lab", template_file="raytpu_offline.html.j2", extra_loaders=[loader]
     )
-    body, _ = exporter.from_notebook_node(nb)
-    path.write_text(body, encoding="utf-8")
+    path.write_text(exporter.from_notebook_node(nb)[0], encoding="utf-8")
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM takes the same path as Ctrl-C: tear down, exit 130
+def _first_line(text: str, width: int) -> str:
+    return (text.strip().splitlines() or [""])[0][:width]
 
 
-def _shutdown_kernel(client: NotebookClient) -> None:
-    km = client.km  # nbclient stops its kernel itself, except when interrupted mid-cell
-    if km is not None and km.has_kernel:
-        run_sync(km.shutdown_kernel)(now=True)
+def _execute(nb: nbformat.NotebookNode, cwd: Path) -> str | None:
+    """Run every cell; return None, or what failed. Raises KeyboardInterrupt on Ctrl-C / SIGTERM."""
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    state: dict[str, Any] = {"index": -1, "interrupted": False}
+    client: NotebookClient
+
+    def on_signal() -> None:  # kill the kernel: the running cell ends with DeadKernelError
+        state["interrupted"] = True
+        if client.km is not None:
+            asyncio.ensure_future(ensure_async(client.km.shutdown_kernel(now=True)))
+
+    def on_start(cell: nbformat.NotebookNode, cell_index: int) -> None:
+        if state["index"] < 0:  # inside nbclient's loop: replace its handlers (they crash on exit)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                asyncio.get_running_loop().add_signal_handler(sig, on_signal)
+        state["index"] = cell_index
+        if cell_index in code:
+            step = f"[{code.index(cell_index) + 1}/{len(code)}]"
+            print(step, _first_line(cell.source, 80), flush=True)
+
+    client = NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name="python3",
+        kernel_manager_class=_VenvKernelManager,
+        shutdown_kernel="immediate",
+        resources={"metadata": {"path": str(cwd)}},
+        on_cell_start=on_start,
+    )
+    try:
+        client.execute()
+    except Exception as exc:
+        if state["interrupted"]:
+            raise KeyboardInterrupt from exc
+        i = state["index"]
+        why = f"{exc.ename}: {exc.evalue}" if isinstance(exc, CellExecutionError) else repr(exc)
+        where = f"cell {i + 1}/{len(nb.cells)} ({_first_line(nb.cells[i].source, 80)})"
+        return f"{where if i >= 0 else 'kernel start'}: {_first_line(why, 300)}"
+    finally:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # nbclient leaves it SIG_DFL
+    if state["interrupted"]:
+        raise KeyboardInterrupt
+    return None
 
 
-def _teardown(pid_before: int | None) -> None:
+def _teardown(head_pid_before: int | None) -> None:
     cluster = emulator.find(emulator.DEFAULT_NAME)
-    if cluster is None:
-        return
-    if cluster.head_pid == pid_before:
+    if cluster is not None and cluster.head_pid == head_pid_before:
         print(f"emulated cluster {cluster.name!r} was up before the demo: left running", flush=True)
-        return
-    cluster.down()
-    print(f"stopped emulated cluster {cluster.name!r}", flush=True)
+    elif cluster is not None:
+        cluster.down()
+        print(f"stopped emulated cluster {cluster.name!r}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Execute the notebook, export it, tear down, print ``RESULT {json}``; return the exit status."""
+    """Run the notebook, export it, tear down, print ``RESULT {json}``; return the exit status."""
     start = time.monotonic()
-    parser = argparse.ArgumentParser(prog="python -m raytpu_lab.demo", description=__doc__.split("\n")[0])
     default_nb = REPO_ROOT / "notebooks" / "01_quickstart.ipynb"
+    parser = argparse.ArgumentParser("python -m raytpu_lab.demo", description=main.__doc__)
     parser.add_argument("--notebook", type=Path, default=default_nb, help="notebook to run")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "build", help="output folder")
     args = parser.parse_args(argv)
     notebook: Path = args.notebook.resolve()
     stem = "quickstart" if notebook == default_nb else notebook.stem
-    signal.signal(signal.SIGTERM, _interrupt)
-
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM takes Ctrl-C's path
     nb = nbformat.read(notebook, as_version=4)
-    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
-    current: dict[str, int] = {"index": -1}
-
-    def on_start(cell: nbformat.NotebookNode, cell_index: int) -> None:
-        current["index"] = cell_index
-        if cell_index in code:
-            head = (cell.source.strip().splitlines() or [""])[0][:80]
-            print(f"[{code.index(cell_index) + 1}/{len(code)}] {head}", flush=True)
-
-    client = NotebookClient(
-        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", kernel_manager_class=_VenvKernelManager,
-        resources={"metadata": {"path": str(notebook.parent)}}, on_cell_start=on_start,
-    )
     before = emulator.find(emulator.DEFAULT_NAME)
-    failure: str | None = None
     try:
-        client.execute()
-    except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
-        i = current["index"]
-        head = (nb.cells[i].source.strip().splitlines() or [""])[0][:80] if i >= 0 else ""
-        why = f"{exc.ename}: {exc.evalue}" if isinstance(exc, CellExecutionError) else str(exc)
-        failure = f"cell {i + 1}/{len(nb.cells)} failed ({head}): {(why.strip().splitlines() or [''])[0][:300]}"
+        failure = _execute(nb, notebook.parent)
     except KeyboardInterrupt:
-        print("interrupted: tearing down", flush=True)
+        print("interrupted", flush=True)
         return 130
     finally:
-        try:
-            _shutdown_kernel(client)
-        finally:
-            _teardown(before.head_pid if before else None)
-            args.out.mkdir(parents=True, exist_ok=True)
-            nbformat.write(nb, args.out / f"{stem}.ipynb")
-            export_html(nb, args.out / f"{stem}.html")
-            print(f"wrote {args.out / stem}.ipynb and .html", flush=True)
-    if failure is None:
-        try:
-            result = read_result(nb)
-            missing = [k for k in RESULT_KEYS if k not in result]
-            if missing:
-                failure = f"cell tagged {RESULT_TAG!r} lacks keys {missing}"
-        except LookupError as exc:
-            failure = str(exc)
+        _teardown(before.head_pid if before else None)
+        args.out.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, args.out / f"{stem}.ipynb")
+        export_html(nb, args.out / f"{stem}.html")
+        print(f"wrote {args.out / stem}.ipynb and {stem}.html", flush=True)
+    try:
+        result = read_result(nb) if failure is None else {}
+        missing = [k for k in RESULT_KEYS if k not in result]
+        failure = failure or (f"cell tagged {RESULT_TAG!r} lacks {missing}" if missing else None)
+    except LookupError as exc:
+        failure = str(exc)
     if failure is not None:
         print(f"FAILED: {failure}", flush=True)
         return 1

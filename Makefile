@@ -1,0 +1,63 @@
+# raytpu_lab: `make demo` and `make test` set up .venv themselves on a fresh clone (needs only python3).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: help install browser-deps demo test lint clean distclean
+
+help:
+	@echo "make demo          run notebooks/01_quickstart.ipynb on the emulated TPU cluster (build/quickstart.html)"
+	@echo "make test          unit, integration, notebook and browser tests"
+	@echo "make install       create $(VENV) and pip install -e '.[dev]' (redone when pyproject.toml changes)"
+	@echo "make browser-deps  Debian chromium for the browser tests (apt-get, as root)"
+	@echo "make lint          ruff + mypy on raytpu_lab"
+	@echo "make clean         remove build/, caches and emulated clusters; distclean also removes $(VENV)"
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+# The browser tests drive Debian's chromium (/usr/bin/chromium) with Playwright;
+# `playwright install` would download a browser, which this setup never does.
+browser-deps:
+	@if [ -x /usr/bin/chromium ]; then \
+		echo "chromium: $$(/usr/bin/chromium --version 2>/dev/null || echo /usr/bin/chromium)"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
+	else \
+		echo "browser-deps: /usr/bin/chromium is missing and installing it needs root." >&2; \
+		echo "  run:  sudo apt-get update && sudo apt-get install -y chromium" >&2; \
+		exit 1; \
+	fi
+
+demo: $(STAMP)
+	$(PY) -m raytpu_lab.demo
+
+test: $(STAMP) browser-deps
+	@start=$$(date +%s); \
+	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900; rc=$$?; \
+	echo "make test: wall $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check raytpu_lab
+	$(VENV)/bin/mypy raytpu_lab
+
+# Stops every emulated cluster under the emulator's state root ($$RAYTPU_EMULATOR_ROOT or
+# /tmp/raytpu) and removes stale state left by crashed runs.
+clean:
+	rm -rf build .ruff_cache .mypy_cache .pytest_cache
+	@if [ -x $(PY) ]; then $(PY) -c 'from raytpu_lab.cluster import emulator as e; \
+		root = e.state_root(); \
+		names = [d.name for d in root.iterdir() if d.is_dir()] if root.is_dir() else []; \
+		found = [c for c in map(e.find, names) if c is not None]; \
+		[c.down() for c in found]; \
+		print(f"clean: stopped {len(found)} emulated cluster(s) under {root}")'; fi
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
