@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["available_resources_per_node", "valid_tpu_topologies"]
+__all__ = ["available_resources_per_node", "valid_tpu_topologies", "ensure_auth_token", "enable_token_auth"]
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
@@ -27,3 +27,24 @@ def valid_tpu_topologies() -> dict[str, set[str]]:
     from ray._private.accelerators import tpu
 
     return {k: set(v) for k, v in tpu.VALID_TPU_TOPOLOGY.items()}
+
+
+def ensure_auth_token() -> None:
+    """Make sure Ray's default token file (``~/.ray/auth_token``) exists, as ``ray get-auth-token
+    --generate`` would; Ray 2.60 uses it for clusters started with ``RAY_AUTH_MODE=token``.
+    """
+    from ray._private.authentication import authentication_token_setup as setup
+
+    if not setup._get_default_token_path().exists():
+        setup.generate_and_save_token()
+
+
+def enable_token_auth() -> None:
+    """Turn on Ray token auth for this process and its children (``RAY_AUTH_MODE=token``).
+
+    Setting the variable alone is not enough once Ray's C++ config has been read in this process;
+    Ray's own ``_enable_token_auth`` re-initialises it.
+    """
+    from ray._private.authentication import authentication_token_setup as setup
+
+    setup._enable_token_auth()

@@ -15,6 +15,7 @@ from typing import Any
 
 import ray
 
+from raytpu_lab import _ray_private
 from raytpu_lab.cluster import emulator
 from raytpu_lab.cluster.connect import connect, disconnect, probe, wait_for_nodes
 from raytpu_lab.errors import EmulatorError, NotConnectedError, ReservationError
@@ -99,9 +100,11 @@ class Lab:
         """
         probe(address, timeout_s=timeout_s)  # fail before dropping the current connection
         self._forget_reservations()
+        found = [c for c in emulator.running() if c.address == address]
+        if found:
+            _ray_private.enable_token_auth()  # emulated clusters run with Ray token auth
         connect(address, timeout_s=timeout_s)
         self.address = address
-        found = [c for c in _running_emulators() if c.address == address]
         self.cluster = found[0] if found else None
 
     def down(self) -> None:
@@ -262,14 +265,6 @@ class Lab:
 
 def _alive_nodes() -> int:
     return sum(1 for n in ray.nodes() if n.get("Alive"))
-
-
-def _running_emulators() -> list[emulator.EmulatedCluster]:
-    root = emulator.state_root()
-    if not root.exists():
-        return []
-    found = (emulator.find(p.name) for p in root.iterdir() if p.is_dir())
-    return [c for c in found if c is not None]
 
 
 _LAB: Lab | None = None

@@ -140,13 +140,15 @@ def _try_reserve(shape: SliceShape, slices: list[str], name: str, lifetime: str 
                  deadline: float, start: float, on_wait: Callable[[float], None] | None,
                  ) -> tuple[SlicePlacementGroup, list[PlacementGroup]] | None:
     """Head locks, then the pinned slice placement group; ``None`` (all removed) if not in time."""
-    locks = [placement_group(
-        bundles=[{shape.head_resource: 1}],
-        bundle_label_selector=[{LABEL_SLICE: s, LABEL_WORKER: "0"}],
-        name=f"{RESERVATION_PREFIX}{name}{_HEAD_SUFFIX}", lifetime=lifetime) for s in slices]
+    locks: list[PlacementGroup] = []
     handle: SlicePlacementGroup | None = None
     made = False
     try:
+        for s in slices:
+            locks.append(placement_group(
+                bundles=[{shape.head_resource: 1}],
+                bundle_label_selector=[{LABEL_SLICE: s, LABEL_WORKER: "0"}],
+                name=f"{RESERVATION_PREFIX}{name}{_HEAD_SUFFIX}:{s}", lifetime=lifetime))
         if not _wait_ready(locks, deadline, start, on_wait):
             return None
         handle = slice_placement_group(

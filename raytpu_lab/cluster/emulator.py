@@ -29,6 +29,7 @@ from pathlib import Path
 
 import psutil
 
+from raytpu_lab import _ray_private
 from raytpu_lab.cluster.gke_env import (
     emulated_jax_environment,
     group_name,
@@ -39,13 +40,21 @@ from raytpu_lab.cluster.gke_env import (
 from raytpu_lab.errors import EmulatorError
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
 
-__all__ = ["EmulatedCluster", "EmulatedHost", "up", "find", "state_root", "DEFAULT_NAME"]
+__all__ = [
+    "EmulatedCluster", "EmulatedHost", "up", "find", "running", "state_root", "DEFAULT_NAME",
+    "AUTH_ENV",
+]
 
 DEFAULT_NAME = "raytpu"
 _HEAD_NUM_CPUS = 2
 _HOST_NUM_CPUS = 4
 _OBJECT_STORE_BYTES = 128 * 1024 * 1024  # per node; Ray's minimum is 75 MiB
 _STARTED_MARK = "Ray runtime started"
+_MAX_STARTING = 4
+AUTH_ENV = {"RAY_AUTH_MODE": "token"}
+"""Environment every emulated node runs with, and a driver needs to connect: Ray token auth with
+the token in Ray's default file ``~/.ray/auth_token`` (Ray listens on every interface, so a local
+cluster without a token would take code from anyone on the network)."""
 
 
 def state_root() -> Path:
@@ -155,6 +164,15 @@ def find(name: str = DEFAULT_NAME) -> EmulatedCluster | None:
     return None
 
 
+def running() -> list[EmulatedCluster]:
+    """Every emulated cluster running on this machine (under :func:`state_root`)."""
+    root = state_root()
+    if not root.exists():
+        return []
+    found = (find(p.name) for p in sorted(root.iterdir()) if p.is_dir())
+    return [c for c in found if c is not None]
+
+
 def up(
     specs: Sequence[tuple[str, int]] = (("v6e:4x4", 2),),
     *,
@@ -194,6 +212,9 @@ def up(
         )
     folder = state_root() / name
     shutil.rmtree(folder, ignore_errors=True)
+    # Ray 2.60 turns token authentication on for a head when ~/.ray/auth_token exists, but not
+    # for worker nodes or drivers given an explicit address; say it everywhere (see AUTH_ENV).
+    _ray_private.ensure_auth_token()
     (folder / "logs").mkdir(parents=True)
     gcs_port, dashboard_port, client_port = _free_ports(3)
     address = f"127.0.0.1:{gcs_port}"
@@ -211,8 +232,7 @@ def up(
         _wait_started([(head, folder / "logs" / "head.log")], timeout_s)
 
         hosts: list[EmulatedHost] = []
-        pending: list[tuple[subprocess.Popen[bytes], Path]] = []
-        index = 0
+        to_start: list[tuple[str, dict[str, str], list[str]]] = []
         for shape, count in shapes:
             for replica in _replica_indices(shapes, shape, count):
                 for worker_id in range(shape.num_hosts):
@@ -222,33 +242,70 @@ def up(
                         head_host="127.0.0.1", gcs_port=gcs_port))
                     env.update(emulated_jax_environment(shape))
                     label = f"{slice_name(group_name(shape), replica)}-w{worker_id}"
-                    proc = _start_node(folder, label, env, [
+                    to_start.append((label, env, [
                         f"--address={address}", "--node-ip-address=127.0.0.1",
                         f"--num-cpus={_HOST_NUM_CPUS}",
                         f"--resources={json.dumps({'TPU': shape.chips_per_host})}",
                         # Its own temp dir: Ray names a node's sockets by probing for free file
                         # names, which races when nodes sharing a session dir start together.
-                        f"--temp-dir={folder / f'h{index}'}",
+                        f"--temp-dir={folder / f'h{len(to_start)}'}",
                         *_host_port_flags(),
-                    ])
-                    index += 1
-                    started.append(proc)
-                    pending.append((proc, folder / "logs" / f"{label}.log"))
+                    ]))
                     hosts.append(EmulatedHost(
                         slice_name=slice_name(group_name(shape), replica), worker_id=worker_id,
-                        spec=f"{shape.version}:{shape.topology}", pid=proc.pid))
-        _wait_started(pending, timeout_s)
-    except BaseException:
+                        spec=f"{shape.version}:{shape.topology}", pid=0))
+        pids = _start_in_waves(folder, to_start, started, timeout_s)
+        hosts = [EmulatedHost(h.slice_name, h.worker_id, h.spec, pid) for h, pid in zip(hosts, pids, strict=True)]
+    except BaseException as err:
         for proc in reversed(started):
             _signal_group(proc.pid, signal.SIGKILL)
         _kill_strays(str(folder))
+        kept = _keep_raylet_logs(folder)
         shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(err, EmulatorError) and kept:
+            err.fix += f" Node and raylet logs are kept in {kept}."
+            err.args = (err._compose(),)
         raise
     cluster = EmulatedCluster(
         name=name, address=address, dashboard_url=f"http://127.0.0.1:{dashboard_port}",
         specs=[(f"{s.version}:{s.topology}", c) for s, c in shapes], head_pid=head.pid, hosts=hosts)
     (folder / "cluster.json").write_text(cluster.to_json())
     return cluster
+
+
+def _start_in_waves(folder: Path, nodes: list[tuple[str, dict[str, str], list[str]]],
+                    started: list[subprocess.Popen[bytes]], timeout_s: float) -> list[int]:
+    """Start nodes with at most ``_MAX_STARTING`` registering at once; return their pids in order.
+
+    ``ray start`` gives a node a fixed 30 s to register with the GCS; on 2 cores, a dozen raylets
+    and their agents starting together miss it.
+    """
+    pids: list[int] = []
+    in_flight: list[tuple[subprocess.Popen[bytes], Path]] = []
+    deadline = time.monotonic() + timeout_s
+    for label, env, args in nodes:
+        while len(in_flight) >= _MAX_STARTING:
+            in_flight = _still_starting(in_flight, deadline, timeout_s)
+            time.sleep(0.1)
+        proc = _start_node(folder, label, env, args)
+        started.append(proc)
+        pids.append(proc.pid)
+        in_flight.append((proc, folder / "logs" / f"{label}.log"))
+    _wait_started(in_flight, max(1.0, deadline - time.monotonic()))
+    return pids
+
+
+def _keep_raylet_logs(folder: Path) -> Path | None:
+    """Copy the node logs and raylet logs of a failed start out of ``folder`` (which is removed)."""
+    kept = folder.with_name(folder.name + ".failed-logs")
+    shutil.rmtree(kept, ignore_errors=True)
+    try:
+        shutil.copytree(folder / "logs", kept)
+        for raylet_log in folder.glob("*/session_latest/logs/raylet.out"):
+            shutil.copy(raylet_log, kept / f"{raylet_log.parts[-4]}-raylet.out")
+    except OSError:
+        return None
+    return kept
 
 
 def _host_port_flags() -> list[str]:
@@ -270,7 +327,7 @@ def _replica_indices(shapes: list[tuple[SliceShape, int]], shape: SliceShape, co
 
 
 def _start_node(folder: Path, label: str, env: dict[str, str], args: list[str]) -> subprocess.Popen[bytes]:
-    env = dict(env)
+    env = {**env, **AUTH_ENV}
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # A fresh process group per node, so `down` can signal the node and all its daemons at once.
     log = open(folder / "logs" / f"{label}.log", "wb")  # noqa: SIM115 - owned by the child
@@ -298,26 +355,33 @@ def _wait_started(nodes: list[tuple[subprocess.Popen[bytes], Path]], timeout_s: 
     deadline = time.monotonic() + timeout_s
     waiting = list(nodes)
     while waiting:
-        still = []
-        for proc, log in waiting:
-            text = log.read_text(errors="replace") if log.exists() else ""
-            if _STARTED_MARK in text:
-                continue
-            if proc.poll() is not None:
-                tail = "\n".join(text.strip().splitlines()[-15:])
-                raise EmulatorError(
-                    f"Emulated node {log.stem} exited with code {proc.returncode} while starting.",
-                    why=f"Last lines of {log}:\n{tail}",
-                    fix="Fix the cause above and run `up` again.")
-            still.append((proc, log))
-        waiting = still
-        if waiting and time.monotonic() > deadline:
-            names = ", ".join(log.stem for _, log in waiting)
+        waiting = _still_starting(waiting, deadline, timeout_s)
+        if waiting:
+            time.sleep(0.2)
+
+
+def _still_starting(nodes: list[tuple[subprocess.Popen[bytes], Path]], deadline: float,
+                    timeout_s: float) -> list[tuple[subprocess.Popen[bytes], Path]]:
+    """The nodes not yet started; raises if one exited or the deadline passed."""
+    waiting = []
+    for proc, log in nodes:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if _STARTED_MARK in text:
+            continue
+        if proc.poll() is not None:
+            tail = "\n".join(text.strip().splitlines()[-15:])
             raise EmulatorError(
-                f"{len(waiting)} emulated node(s) did not start within {timeout_s:.0f} s: {names}.",
-                why="The machine may be short of CPU or memory (each host costs about 280 MB).",
-                fix="Start fewer slices, or pass a longer timeout.")
-        time.sleep(0.2)
+                f"Emulated node {log.stem} exited with code {proc.returncode} while starting.",
+                why=f"Last lines of {log}:\n{tail}",
+                fix="Fix the cause above and run `up` again.")
+        waiting.append((proc, log))
+    if waiting and time.monotonic() > deadline:
+        names = ", ".join(log.stem for _, log in waiting)
+        raise EmulatorError(
+            f"{len(waiting)} emulated node(s) did not start within {timeout_s:.0f} s: {names}.",
+            why="The machine may be short of CPU or memory (each host costs about 280 MB).",
+            fix="Start fewer slices, or pass a longer timeout.")
+    return waiting
 
 
 def _free_ports(n: int) -> list[int]:

@@ -1,0 +1,159 @@
+"""The %raytpu magics on the emulated cluster: training through the cell magic, and bad input.
+
+Bad input must print one short message (no traceback) and leave no placement group, actor or
+emulator process behind.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+from IPython.testing.globalipapp import start_ipython
+from IPython.utils.capture import capture_output
+
+from raytpu_lab.cluster import emulator
+from raytpu_lab.lab import Lab
+
+from .conftest import live_actors, live_placement_groups
+
+TRAIN_CELL = '''
+def train_loop_per_worker(config):
+    import jax, jax.numpy as jnp, numpy as np, optax, ray.train
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from sklearn.datasets import load_digits
+    x_all, y_all = load_digits(return_X_y=True)
+    x_all = (x_all / 16.0).astype(np.float32)
+    mesh = Mesh(np.array(jax.devices()).reshape(jax.process_count(), -1), ("data", "model"))
+    w = jax.device_put(jnp.zeros((64, 10)), NamedSharding(mesh, P("model", None)))
+    def loss_fn(w, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(x @ w, y).mean()
+    step = jax.jit(lambda w, x, y: (w - 0.5 * jax.grad(loss_fn)(w, x, y), loss_fn(w, x, y)))
+    rng = np.random.default_rng(jax.process_index())
+    for i in range(config["steps"]):
+        idx = rng.integers(0, len(x_all), 32)
+        x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("data", None)), x_all[idx])
+        y = jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), y_all[idx].astype(np.int32))
+        w, loss = step(w, x, y)
+        if i % 3 == 2:
+            ray.train.report({"step": i, "loss": float(loss), "devices": jax.device_count()})
+'''
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "raytpu_lab")
+    return shell
+
+
+def _run(ip, line: str, cell: str | None = None):
+    with capture_output() as out:
+        if cell is None:
+            ip.run_line_magic("raytpu", line)
+        else:
+            ip.run_cell_magic("raytpu", line, cell)
+    return out
+
+
+def _assert_brief(out, *needles: str) -> None:
+    # No local traceback (frames of our own code); a worker's remote traceback may be quoted.
+    assert "raytpu_lab/" not in out.stderr + out.stdout, out.stderr
+    for needle in needles:
+        assert needle in out.stderr, out.stderr
+
+
+def test_jax_cell_trains_on_16_devices_of_one_slice(ip, lab: Lab) -> None:
+    out = _run(ip, "jax --topology 4x4 --version v6e --name t16 --config \"{'steps': 24}\"", TRAIN_CELL)
+    run = ip.user_ns["last_run"]
+    assert run.error is None, out.stderr
+    assert run.final_metrics["devices"] == 16
+    losses = run.metric("loss")
+    assert len(losses) == 8 and losses[-1] < losses[0]
+    assert len(run.slice_names) == 1 and run.slice_names[0].startswith("tpu-v6e-4x4-")
+    assert {r["rank"] for r in run.records} == {0, 1, 2, 3}
+    assert "finished on tpu-v6e-4x4-" in out.stdout
+    _assert_nothing_left(lab)
+
+
+def test_worker_error_is_shown_and_the_slice_freed(ip, lab: Lab) -> None:
+    cell = "def boom(config):\n    raise ValueError('bad batch shape from the worker')\n"
+    out = _run(ip, "jax --topology 4x4 --version v6e --name boom", cell)
+    _assert_brief(out, "raytpu jax: Training run 'boom' failed", "bad batch shape from the worker", "rank")
+    _assert_nothing_left(lab)
+
+
+@pytest.mark.parametrize(("line", "needle"), [
+    ("reserve 4x5 --version v6e", "not a valid topology for v6e"),
+    ("reserve 4x4 --version v4", "not a valid topology for v4"),
+    ("reserve 4x4 --version v9", "Unknown TPU generation 'v9'"),
+    ("reserve 4x4 --version v6e --slices 3", "cluster has 2 intact"),
+    ("up --tpu v6e:4x5", "not a valid topology"),
+    ("release ghost", "No reservation named 'ghost'"),
+])
+def test_bad_input_is_one_clear_message(ip, lab: Lab, line: str, needle: str) -> None:
+    out = _run(ip, line)
+    _assert_brief(out, needle, "What to do" if "release" not in line else "")
+    _assert_nothing_left(lab)
+
+
+def test_reserve_with_no_free_slice_names_each_slice(ip, lab: Lab) -> None:
+    lab.reserve("4x4", "v6e", slices=2, name="hog")
+    start = time.monotonic()
+    out = _run(ip, "reserve 4x4 --version v6e --timeout 2")
+    assert time.monotonic() - start < 15
+    _assert_brief(out, "tpu-v6e-4x4-0: held by hog", "tpu-v6e-4x4-1: held by hog", "0 intact idle")
+    lab.release("hog")
+    _assert_nothing_left(lab)
+
+
+def test_up_while_running_says_how_to_reach_it(ip, lab: Lab, cluster: emulator.EmulatedCluster) -> None:
+    out = _run(ip, f"up --name {cluster.name} --slices 1")
+    _assert_brief(out, "already running at " + cluster.address, "%raytpu connect", "%raytpu down")
+
+
+def test_connect_to_nothing_fails_within_15_s(ip, lab: Lab) -> None:
+    start = time.monotonic()
+    out = _run(ip, "connect 127.0.0.1:9 --timeout 3")
+    assert time.monotonic() - start < 15
+    _assert_brief(out, "Nothing answered at 127.0.0.1:9")
+    assert lab.connected, "a failed connect must keep the current connection"
+
+
+def test_jax_without_a_cluster(ip, lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    import raytpu_lab.lab as lab_module
+
+    monkeypatch.setattr(lab_module, "_LAB", Lab())
+    out = _run(ip, "jax --topology 4x4 --version v6e", "def f(config):\n    pass\n")
+    _assert_brief(out, "no Ray cluster is connected", "%raytpu up")
+    assert "FigureWidget" not in out.stdout
+
+
+def test_help_and_debug(ip, lab: Lab) -> None:
+    out = _run(ip, "reserve --help")
+    assert "--version" in out.stdout and "--timeout" in out.stdout
+    with pytest.raises(Exception, match="not a valid topology"):
+        ip.run_line_magic("raytpu", "--debug reserve 4x5 --version v6e")
+
+
+def test_status_shows_table_and_map(ip, lab: Lab) -> None:
+    with capture_output() as out:
+        ip.run_line_magic("raytpu", "status")
+    bundle = out.outputs[0].data
+    assert "tpu-v6e-4x4-0" in bundle["text/plain"]
+    assert "<svg" in bundle["text/html"]
+
+
+def _assert_nothing_left(lab: Lab) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        pgs, actors = live_placement_groups(), live_actors()
+        if not pgs and not actors:
+            break
+        time.sleep(0.5)
+    assert not live_placement_groups()
+    assert not live_actors()
+    assert not lab.reservations()
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if any("raytpu/raytpu/" in part for part in (p.info["cmdline"] or []))]
