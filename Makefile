@@ -40,7 +40,7 @@ demo: $(STAMP)
 
 test: $(STAMP) browser-deps
 	@start=$$(date +%s); \
-	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900; rc=$$?; \
+	$(PY) -m pytest tests/unit tests/notebooks tests/browser tests/integration -q -p no:cacheprovider --timeout=900 -W ignore::DeprecationWarning; rc=$$?; \
 	echo "make test: wall $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
 lint: $(STAMP)
