@@ -121,6 +121,11 @@ class RaytpuMagics(Magics):
                   "(run again with --debug for the traceback)", file=sys.stderr)
         return None
 
+    @property
+    def _shell(self) -> Any:
+        assert self.shell is not None, "magics run inside an IPython shell"
+        return self.shell
+
     # -- subcommands -------------------------------------------------------------------------
 
     def _do_up(self, args: argparse.Namespace, cell: str | None) -> None:
@@ -178,7 +183,7 @@ class RaytpuMagics(Magics):
         if cell is None:
             raise UsageError("%%raytpu jax is a cell magic: put the training function in the cell.")
         fn = self._training_function(cell, args.fn)
-        config = eval(args.config, self.shell.user_ns) if args.config else None  # noqa: S307 - the user's own expression
+        config = eval(args.config, self._shell.user_ns) if args.config else None  # noqa: S307 - the user's own expression
         chart = RunChart(args.name or fn.__name__)
         handles: list[Any] = []
         try:
@@ -190,7 +195,7 @@ class RaytpuMagics(Magics):
             # Swap the live widget for a static chart, so exports and reloads still show it.
             if handles and handles[0] is not None and chart.has_data:
                 handles[0].update(HTML(chart.static_html()))
-        self.shell.user_ns[args.out] = run
+        self._shell.user_ns[args.out] = run
         s = run.summary()
         print(f"Run {s['name']!r} finished on {', '.join(s['slices']) or '?'}: {s['steps']} steps in "
               f"{s['wall_s']} s ({s['steps_per_s']} steps/s); final {s['final_metrics']}. "
@@ -201,7 +206,7 @@ class RaytpuMagics(Magics):
         """Run the cell in the user namespace and return the function it defines."""
         tree = ast.parse(cell)
         defs = [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
-        result = self.shell.run_cell(cell, store_history=False, silent=True)
+        result = self._shell.run_cell(cell, store_history=False, silent=True)
         result.raise_error()
         if wanted:
             name = wanted
@@ -213,7 +218,7 @@ class RaytpuMagics(Magics):
             raise UsageError(
                 f"The cell defines {len(defs)} functions ({', '.join(defs) or 'none'}); "
                 "define one per-worker training function, or pick one with --fn NAME.")
-        fn = self.shell.user_ns.get(name)
+        fn = self._shell.user_ns.get(name)
         if not callable(fn):
             raise UsageError(f"--fn {name}: no function of that name in the cell.")
         return fn  # type: ignore[no-any-return]

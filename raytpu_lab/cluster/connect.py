@@ -7,6 +7,7 @@ the address with a plain TCP connection.
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Callable
@@ -76,7 +77,7 @@ def connect(address: str, *, timeout_s: float = 15.0, namespace: str = "raytpu")
     if ray.is_initialized():
         ray.shutdown()
     try:
-        ray.init(address=address, namespace=namespace, logging_level="WARNING",
+        ray.init(address=address, namespace=namespace, logging_level=logging.WARNING,
                  log_to_driver=True, configure_logging=True)
     except Exception as err:  # Ray raises several unrelated types here; all mean "not connected"
         raise ConnectError(

@@ -68,7 +68,7 @@ def fetch_raw_state() -> dict[str, Any]:
             "name": pg.get("name", ""),
             "state": pg.get("state", ""),
             "bundles": [
-                {"index": int(i), "node_id": (to_node.get(i) or None) if _is_node(to_node.get(i)) else None,
+                {"index": int(i), "node_id": to_node.get(i) if _is_node(to_node.get(i)) else None,
                  "resources": dict(res)}
                 for i, res in sorted(pg.get("bundles", {}).items())
             ],
@@ -78,4 +78,4 @@ def fetch_raw_state() -> dict[str, Any]:
 
 def _is_node(node_id: str | None) -> bool:
     # Ray reports an unplaced bundle with an all-zero node id.
-    return bool(node_id) and set(node_id) != {"0"}
+    return node_id is not None and node_id.strip("0") != ""

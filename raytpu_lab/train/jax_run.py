@@ -18,104 +18,25 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.train import RunConfig, ScalingConfig, TrainingFailedError, UserCallback
+from ray.train import TrainingFailedError, UserCallback
+
+# The V2 config classes JaxTrainer takes (``ray.train.RunConfig`` resolves to them at run time).
+from ray.train.v2.api.config import RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
 from ray.util.queue import Empty, Queue
 
 from raytpu_lab.errors import TrainingError
 from raytpu_lab.state.model import ClusterSnapshot
 from raytpu_lab.tpu.topology import SliceShape
+from raytpu_lab.train.result import RunResult
 
 __all__ = ["RunResult", "launch_jax", "REPORT_INTERVAL_S"]
 
 REPORT_INTERVAL_S = 0.5
 _HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
-
-
-@dataclass
-class RunResult:
-    """What a training run did: every report of every rank, timing, placement and Ray's result.
-
-    Attributes:
-        name: Run name (Ray Train's ``RunConfig.name``).
-        shape: Generation and topology of each slice.
-        num_slices: Slices the run used.
-        records: One dict per report and rank: ``{"report": i, "rank": r, "time_s": t, **metrics}``
-            where ``time_s`` is seconds since launch when the controller received it.
-        wall_s: Seconds from launch to the end of ``fit()``.
-        slice_names: Slices the run's placement group landed on.
-        storage_path: Where Ray Train kept the run's checkpoints and results.
-        error: The workers' error text if the run failed, else ``None``.
-        ray_result: Ray Train's ``Result`` (``None`` if the run failed).
-    """
-
-    name: str
-    shape: SliceShape
-    num_slices: int
-    records: list[dict[str, Any]] = field(default_factory=list)
-    wall_s: float = 0.0
-    slice_names: list[str] = field(default_factory=list)
-    storage_path: str = ""
-    error: str | None = None
-    ray_result: Any = None
-
-    @property
-    def num_workers(self) -> int:
-        """Ray Train workers: one per host (host-centric JAX)."""
-        return self.shape.num_hosts * self.num_slices
-
-    def rank0(self) -> list[dict[str, Any]]:
-        """Records of rank 0, in report order."""
-        return [r for r in self.records if r["rank"] == 0]
-
-    @property
-    def steps(self) -> int:
-        """Training steps seen: the last reported ``step`` + 1, or the number of reports."""
-        rows = self.rank0()
-        if rows and "step" in rows[-1]:
-            return int(rows[-1]["step"]) + 1
-        return len(rows)
-
-    @property
-    def steps_per_s(self) -> float:
-        """Steps per second between the first and the last report of rank 0 (compile excluded)."""
-        rows = [r for r in self.rank0() if "step" in r]
-        if len(rows) < 2 or rows[-1]["time_s"] <= rows[0]["time_s"]:
-            return 0.0
-        return (rows[-1]["step"] - rows[0]["step"]) / (rows[-1]["time_s"] - rows[0]["time_s"])
-
-    @property
-    def final_metrics(self) -> dict[str, Any]:
-        """Rank 0's last report."""
-        rows = self.rank0()
-        return {k: v for k, v in rows[-1].items() if k not in ("report", "rank")} if rows else {}
-
-    def metric(self, key: str) -> list[float]:
-        """Rank 0's values of ``key`` in report order."""
-        return [r[key] for r in self.rank0() if key in r]
-
-    def to_pandas(self) -> Any:
-        """The records as a ``pandas.DataFrame`` (one row per report and rank)."""
-        import pandas as pd
-
-        return pd.DataFrame.from_records(self.records)
-
-    def summary(self) -> dict[str, Any]:
-        """A JSON-able summary: wall time, steps, steps/s, final metrics, slices, storage."""
-        return {"name": self.name, "pod_type": self.shape.pod_type, "topology": self.shape.topology,
-                "slices": self.slice_names, "workers": self.num_workers,
-                "wall_s": round(self.wall_s, 1), "steps": self.steps,
-                "steps_per_s": round(self.steps_per_s, 2), "final_metrics": self.final_metrics,
-                "storage_path": self.storage_path, "error": self.error}
-
-    def __repr__(self) -> str:
-        state = "failed" if self.error else "finished"
-        return (f"RunResult({self.name!r} {state}: {self.shape.pod_type} x{self.num_slices} on "
-                f"{self.slice_names}, {self.steps} steps in {self.wall_s:.1f} s)")
 
 
 class _StreamReports(UserCallback):
@@ -181,7 +102,8 @@ def launch_jax(
         scaling_config=ScalingConfig(
             use_tpu=True, topology=shape.topology, accelerator_type=shape.accelerator_type,
             num_workers=shape.num_hosts * num_slices),
-        run_config=RunConfig(name=name, storage_path=storage_path, callbacks=[_StreamReports(queue)]),
+        run_config=RunConfig(name=name, storage_path=storage_path,
+                             callbacks=[_StreamReports(queue)]),  # type: ignore[list-item]
     )
     stop = threading.Event()
 
@@ -211,8 +133,9 @@ def launch_jax(
         ray_result = trainer.fit()
         result.ray_result = ray_result
         result.storage_path = getattr(ray_result, "path", "") or ""
-        if getattr(ray_result, "error", None) is not None:
-            raise ray_result.error
+        error = getattr(ray_result, "error", None)
+        if isinstance(error, BaseException):
+            raise error
     except TrainingFailedError as err:
         result.error = _worker_error_text(err)
         raise TrainingError(

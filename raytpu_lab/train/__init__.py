@@ -1,0 +1,1 @@
+"""Training runs on TPU slices: Ray Train launchers and their results."""
