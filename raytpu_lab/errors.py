@@ -44,6 +44,14 @@ class RaytpuError(Exception):
         self.fix = fix
         super().__init__(self._compose())
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for this error instead of a traceback (one short block).
+
+        IPython calls it when a cell raises; the cell still counts as failed, so "Run all" and
+        headless runs stop here.
+        """
+        return [f"{type(self).__name__}: {self.what}", *self._compose().splitlines()[1:]]
+
     def _compose(self) -> str:
         parts = [self.what]
         if self.why:

@@ -1,8 +1,9 @@
 """``%raytpu`` and ``%%raytpu``: a thin layer over :class:`raytpu_lab.lab.Lab`.
 
 Each subcommand parses its arguments, calls one public method and displays the result. Errors
-users can cause (:class:`~raytpu_lab.errors.RaytpuError`) print as one short block; ``--debug``
-shows the traceback instead.
+users can cause (:class:`~raytpu_lab.errors.RaytpuError`) fail the cell but show as one short block
+(IPython's ``_render_traceback_`` hook, as ipyparallel's RemoteError does); ``--debug`` shows the
+full traceback instead.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ __all__ = ["RaytpuMagics", "build_parser"]
 
 class _HelpShown(Exception):
     """``--help`` printed its text; nothing else to do."""
+
+
+class _Brief(Exception):
+    """An unexpected error, shown as one block without a traceback (``--debug`` shows it)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return str(self).splitlines()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -107,19 +115,21 @@ class RaytpuMagics(Magics):
         try:
             return handler(args, cell)
         except RaytpuError as err:
-            if args.debug:
-                raise
-            print(f"raytpu {args.command}: {err}", file=sys.stderr)
+            if not args.debug:
+                err.__traceback__ = None
+                err.__cause__ = err.__context__ = None
+            raise  # shown by IPython through RaytpuError._render_traceback_: one short block
         except KeyboardInterrupt:
             if args.debug:
                 raise
-            print(f"raytpu {args.command}: interrupted.", file=sys.stderr)
+            raise _Brief(f"raytpu {args.command}: interrupted.") from None
+        except (UsageError, _Brief):
+            raise
         except Exception as err:
             if args.debug:
                 raise
-            print(f"raytpu {args.command}: {type(err).__name__}: {err}\n"
-                  "(run again with --debug for the traceback)", file=sys.stderr)
-        return None
+            raise _Brief(f"raytpu {args.command}: {type(err).__name__}: {err}\n"
+                         "(run again with --debug for the traceback)") from None
 
     @property
     def _shell(self) -> Any:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,14 @@ def quickstart_build(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """
     out = tmp_path_factory.mktemp("quickstart")
     # A private emulator state root: the notebook's `%raytpu up` never meets a user's own cluster.
-    env = {**os.environ, "RAYTPU_EMULATOR_ROOT": str(out / "emulators")}
+    # Short: Ray's Unix socket paths under it are limited to 107 bytes.
+    emulators = Path(tempfile.mkdtemp(prefix="rtq-", dir="/tmp"))
+    env = {**os.environ, "RAYTPU_EMULATOR_ROOT": str(emulators)}
     proc = subprocess.run([sys.executable, "-m", "raytpu_lab.demo", "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("RESULT "), log[-4000:]
-    return {"out": out, "result": json.loads(last[len("RESULT "):]), "log": log}
+    return {"out": out, "emulators": emulators, "log": log,
+            "result": json.loads(last[len("RESULT "):])}

@@ -211,6 +211,7 @@ def up(
             fix=f"Connect to it (%raytpu connect {running.address}) or stop it first (%raytpu down).",
         )
     folder = state_root() / name
+    _check_socket_room(folder)
     shutil.rmtree(folder, ignore_errors=True)
     # Ray 2.60 turns token authentication on for a head when ~/.ray/auth_token exists, but not
     # for worker nodes or drivers given an explicit address; say it everywhere (see AUTH_ENV).
@@ -293,6 +294,22 @@ def _start_in_waves(folder: Path, nodes: list[tuple[str, dict[str, str], list[st
         in_flight.append((proc, folder / "logs" / f"{label}.log"))
     _wait_started(in_flight, max(1.0, deadline - time.monotonic()))
     return pids
+
+
+# Ray puts Unix sockets at <temp dir>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store and
+# refuses paths over 107 bytes (AF_UNIX); the session part takes up to 63 of them.
+_SOCKET_PATH_MAX = 107
+_SESSION_AND_SOCKET = len("/session_2026-11-30_12-39-30_311840_4194304/sockets/plasma_store")
+
+
+def _check_socket_room(folder: Path) -> None:
+    longest = str(folder / "h999")
+    if len(longest) + _SESSION_AND_SOCKET > _SOCKET_PATH_MAX:
+        raise EmulatorError(
+            f"The emulator folder {folder} is too long for Ray's Unix sockets.",
+            why=f"Ray's socket paths under it would exceed {_SOCKET_PATH_MAX} bytes.",
+            fix="Set RAYTPU_EMULATOR_ROOT to a short folder (the default is /tmp/raytpu), "
+                "or use a shorter cluster name.")
 
 
 def _keep_raylet_logs(folder: Path) -> Path | None:

@@ -62,5 +62,7 @@ def live_actors() -> list[str]:
     Ray Data's ``_AutoscalingCoordinatorActor``, which Ray keeps for the driver's lifetime)."""
     from ray.util.state import list_actors
 
-    return [a.class_name for a in list_actors(filters=[("state", "=", "ALIVE")])
+    # An explicit address: other local clusters may run on this machine at the same time.
+    address = ray.get_runtime_context().gcs_address
+    return [a.class_name for a in list_actors(address=address, filters=[("state", "=", "ALIVE")])
             if not a.class_name.startswith("_")]

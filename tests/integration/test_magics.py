@@ -48,26 +48,35 @@ def ip():
     return shell
 
 
-def _run(ip, line: str, cell: str | None = None):
+class _Shown:
+    """What a cell printed (stdout + stderr together) and whether it failed."""
+
+    def __init__(self, out, result) -> None:
+        self.text = out.stdout + out.stderr
+        self.stdout = out.stdout
+        self.error = result.error_in_exec
+
+
+def _run(ip, line: str, cell: str | None = None) -> _Shown:
+    source = f"%raytpu {line}" if cell is None else f"%%raytpu {line}\n{cell}"
     with capture_output() as out:
-        if cell is None:
-            ip.run_line_magic("raytpu", line)
-        else:
-            ip.run_cell_magic("raytpu", line, cell)
-    return out
+        result = ip.run_cell(source, store_history=False)
+    return _Shown(out, result)
 
 
-def _assert_brief(out, *needles: str) -> None:
-    # No local traceback (frames of our own code); a worker's remote traceback may be quoted.
-    assert "raytpu_lab/" not in out.stderr + out.stdout, out.stderr
+def _assert_brief(shown: _Shown, *needles: str) -> None:
+    """The cell failed with one short block: no local traceback (frames of our own code)."""
+    assert shown.error is not None, shown.text
+    assert "raytpu_lab/" not in shown.text, shown.text
     for needle in needles:
-        assert needle in out.stderr, out.stderr
+        assert needle in shown.text, shown.text
 
 
 def test_jax_cell_trains_on_16_devices_of_one_slice(ip, lab: Lab) -> None:
     out = _run(ip, "jax --topology 4x4 --version v6e --name t16 --config \"{'steps': 24}\"", TRAIN_CELL)
+    assert out.error is None, out.text
     run = ip.user_ns["last_run"]
-    assert run.error is None, out.stderr
+    assert run.error is None
     assert run.final_metrics["devices"] == 16
     losses = run.metric("loss")
     assert len(losses) == 8 and losses[-1] < losses[0]
@@ -80,7 +89,7 @@ def test_jax_cell_trains_on_16_devices_of_one_slice(ip, lab: Lab) -> None:
 def test_worker_error_is_shown_and_the_slice_freed(ip, lab: Lab) -> None:
     cell = "def boom(config):\n    raise ValueError('bad batch shape from the worker')\n"
     out = _run(ip, "jax --topology 4x4 --version v6e --name boom", cell)
-    _assert_brief(out, "raytpu jax: Training run 'boom' failed", "bad batch shape from the worker", "rank")
+    _assert_brief(out, "TrainingError: Training run 'boom' failed", "bad batch shape from the worker", "rank")
     _assert_nothing_left(lab)
 
 
@@ -132,7 +141,7 @@ def test_jax_without_a_cluster(ip, lab: Lab, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_help_and_debug(ip, lab: Lab) -> None:
     out = _run(ip, "reserve --help")
-    assert "--version" in out.stdout and "--timeout" in out.stdout
+    assert out.error is None and "--version" in out.stdout and "--timeout" in out.stdout
     with pytest.raises(Exception, match="not a valid topology"):
         ip.run_line_magic("raytpu", "--debug reserve 4x5 --version v6e")
 

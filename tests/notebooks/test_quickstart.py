@@ -31,8 +31,8 @@ def test_quickstart_outputs_show_without_a_kernel(quickstart_build: dict) -> Non
 
 
 def test_quickstart_leaves_no_cluster_behind(quickstart_build: dict, monkeypatch) -> None:
-    monkeypatch.setenv("RAYTPU_EMULATOR_ROOT", str(quickstart_build["out"] / "emulators"))
-    assert emulator.state_root() == quickstart_build["out"] / "emulators"
+    monkeypatch.setenv("RAYTPU_EMULATOR_ROOT", str(quickstart_build["emulators"]))
+    assert emulator.state_root() == quickstart_build["emulators"]
     assert emulator.find(emulator.DEFAULT_NAME) is None
     assert not list(emulator.state_root().glob("*/cluster.json"))
 
