@@ -12,6 +12,7 @@ Every error carries three parts: what happened, why, and what to do next. Magics
     ├── EmulatorError               the local emulated cluster could not start / is already running
     ├── ReservationError            a slice reservation failed
     │   └── NoSliceAvailableError   no intact idle slice within the timeout (names each slice and why)
+    ├── TrainingConfigError         a training request that cannot run (bad config), before launch
     └── TrainingError               a JaxTrainer run failed on the workers (carries the worker traceback)
 """
 
@@ -25,6 +26,7 @@ __all__ = [
     "EmulatorError",
     "ReservationError",
     "NoSliceAvailableError",
+    "TrainingConfigError",
     "TrainingError",
 ]
 
@@ -115,6 +117,10 @@ class NoSliceAvailableError(ReservationError):
         self.slices_idle = slices_idle
         self.reasons = dict(reasons or {})
         super().__init__(what, why, fix)
+
+
+class TrainingConfigError(RaytpuError, ValueError):
+    """A training request that cannot run as given; raised before anything is launched."""
 
 
 class TrainingError(RaytpuError):

@@ -18,7 +18,14 @@ import ray
 from raytpu_lab import _ray_private
 from raytpu_lab.cluster import emulator
 from raytpu_lab.cluster.connect import connect, disconnect, probe, wait_for_nodes
-from raytpu_lab.errors import EmulatorError, NotConnectedError, ReservationError
+from raytpu_lab.errors import (
+    EmulatorError,
+    NoSliceAvailableError,
+    NotConnectedError,
+    RaytpuError,
+    ReservationError,
+    TrainingConfigError,
+)
 from raytpu_lab.reserve import Reservation, diagnose, reserve
 from raytpu_lab.state.fetch import fetch_raw_state
 from raytpu_lab.state.model import ClusterSnapshot, build_snapshot
@@ -107,11 +114,14 @@ class Lab:
         self.address = address
         self.cluster = found[0] if found else None
 
-    def down(self) -> None:
+    def down(self) -> str | None:
         """Release this session's reservations, disconnect, and stop the emulated cluster.
 
         Stops the cluster this session started, else the default-named one if it runs.
         Idempotent.
+
+        Returns:
+            The name of the emulated cluster stopped, or ``None`` if none was running.
         """
         for res in list(self._reservations.values()):
             res.release()
@@ -120,8 +130,10 @@ class Lab:
         self.address = None
         self.cluster = None
         disconnect()
-        if cluster is not None:
-            cluster.down()
+        if cluster is None:
+            return None
+        cluster.down()
+        return cluster.name
 
     # -- state -----------------------------------------------------------------------------
 
@@ -163,7 +175,13 @@ class Lab:
             NoSliceAvailableError: No intact idle slices within ``timeout_s`` (or never enough).
         """
         shape = SliceShape.of(version, topology)
+        _require_positive("timeout", timeout_s)
+        _require_positive("slices", slices)
         self._require_connection("reserve a slice")
+        if name is not None and (not name.strip() or any(c.isspace() for c in name)):
+            raise ReservationError(f"{name!r} is not a reservation name.",
+                                   why="Names are one word: they name placement groups.",
+                                   fix="Use letters, digits, '-' or '_', e.g. --name r1.")
         name = name or self._next_name()
         if name in self._reservations:
             raise ReservationError(f"A reservation named {name!r} exists already.",
@@ -173,8 +191,11 @@ class Lab:
         self._reservations[name] = res
         return res
 
-    def release(self, name: str) -> None:
-        """Release reservation ``name``.
+    def release(self, name: str, *, settle_s: float = 10.0) -> None:
+        """Release reservation ``name`` and wait until Ray shows its slices free again.
+
+        Ray removes the placement groups at once, but nodes report the freed chips a moment later;
+        waiting (at most ``settle_s`` seconds) keeps the next ``status`` or ``reserve`` truthful.
 
         Raises:
             ReservationError: This session holds no reservation of that name.
@@ -186,6 +207,12 @@ class Lab:
                                    why=f"Reservations held: {held}.",
                                    fix="List them with %raytpu reservations.")
         res.release()
+        deadline = time.monotonic() + settle_s
+        while time.monotonic() < deadline:
+            snap = self.snapshot()
+            if all(s.idle for s in snap.slices if s.name in res.slice_names):
+                return
+            time.sleep(0.2)
 
     def reservations(self) -> list[Reservation]:
         """This session's reservations, oldest first."""
@@ -219,6 +246,12 @@ class Lab:
             TrainingError: The workers raised (the slices are freed).
         """
         shape = SliceShape.of(version, topology)
+        _require_positive("slices", slices)
+        if config is not None and not isinstance(config, dict):
+            raise TrainingConfigError(
+                f"The training config is a {type(config).__name__}, not a dict.",
+                why="Ray Train passes train_loop_config to the function as a dict.",
+                fix="Pass a dict, e.g. --config \"{'steps': 100}\".")
         self._require_connection("launch a JaxTrainer run")
         self._wait_for_idle(shape, slices, wait_s)
         if on_launch is not None:
@@ -240,8 +273,20 @@ class Lab:
                 raise diagnose(snap, shape, slices, timeout_s=0.0, impossible=True)
             if len(snap.idle_slices(shape.pod_type)) >= slices:
                 return
+            own = {r.name for r in self._reservations.values()}
+            usable = [s for s in intact if not set(s.owners) <= own or not s.owners]
+            if len(usable) < slices:
+                held = ", ".join(f"{s.name} (your reservation {'/'.join(s.owners)})"
+                                 for s in intact if s.owners and set(s.owners) <= own)
+                raise NoSliceAvailableError(
+                    f"Cannot launch on {slices} slice(s) of {shape.pod_type}: this session holds "
+                    f"them: {held}.",
+                    why="JaxTrainer reserves its own slices; Ray Train does not accept a "
+                        "placement group or label selector together with use_tpu.",
+                    fix="Release the reservation first (%raytpu release NAME).",
+                    pod_type=shape.pod_type, slices_needed=slices)
             if time.monotonic() >= deadline:
-                raise diagnose(snap, shape, slices, timeout_s=wait_s)
+                raise diagnose(snap, shape, slices, timeout_s=wait_s, wait_option="--wait")
             time.sleep(0.5)
 
     def _require_connection(self, doing: str) -> None:
@@ -261,6 +306,12 @@ class Lab:
             if not res.detached:
                 res.release()
         self._reservations.clear()
+
+
+def _require_positive(option: str, value: float) -> None:
+    if value <= 0:
+        raise RaytpuError(f"--{option} {value} is not allowed.", why=f"{option} must be above 0.",
+                          fix=f"Pass a positive --{option}.")
 
 
 def _alive_nodes() -> int:

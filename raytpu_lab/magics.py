@@ -20,7 +20,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import HTML, display
 
 from raytpu_lab.cluster.emulator import DEFAULT_NAME
-from raytpu_lab.errors import RaytpuError
+from raytpu_lab.errors import RaytpuError, TrainingConfigError
 from raytpu_lab.lab import get_lab
 from raytpu_lab.widgets.run_chart import RunChart
 
@@ -84,7 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("reservations", help="list this session's reservations")
 
-    jax = sub.add_parser("jax", help="(cell magic) run the cell's training function with JaxTrainer")
+    jax = sub.add_parser(
+        "jax", help="(cell magic) run the cell's training function with JaxTrainer",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The cell defines the per-worker training function, f(config), which calls\n"
+                    "ray.train.report({...}) every few steps (every rank equally often). The\n"
+                    "function used is the only one defined, else train_loop_per_worker, else\n"
+                    "--fn NAME. Ray Train's JaxTrainer runs it with one worker per TPU host on\n"
+                    "--slices whole slices (ScalingConfig(use_tpu=True, topology, accelerator_type)).\n"
+                    "A live loss / step-time chart shows rank 0's 'loss' and 'step_time_s'; the\n"
+                    "result (records of every rank, summary) is left in --out (default last_run).")
     jax.add_argument("--topology", required=True, help="slice topology, e.g. 4x4")
     jax.add_argument("--version", required=True, help="accelerator version, e.g. v6e")
     jax.add_argument("--slices", type=int, default=1, help="slices (default 1)")
@@ -140,13 +149,14 @@ class RaytpuMagics(Magics):
 
     def _do_up(self, args: argparse.Namespace, cell: str | None) -> None:
         cluster = get_lab().up(args.tpu, args.slices, name=args.name)
-        print(f"Emulated cluster {cluster.name!r}: {len(cluster.hosts)} TPU hosts at {cluster.address} "
+        print(f"Emulated cluster {cluster.name!r}: {_n(len(cluster.hosts), 'TPU host')} at {cluster.address} "
               f"(dashboard {cluster.dashboard_url})")
         display(get_lab().status())
 
     def _do_down(self, args: argparse.Namespace, cell: str | None) -> None:
-        get_lab().down()
-        print("Disconnected; emulated cluster stopped.")
+        stopped = get_lab().down()
+        print(f"Disconnected; emulated cluster {stopped!r} stopped." if stopped
+              else "No emulated cluster was running; disconnected.")
 
     def _do_connect(self, args: argparse.Namespace, cell: str | None) -> None:
         get_lab().connect(args.address, timeout_s=args.timeout)
@@ -174,7 +184,7 @@ class RaytpuMagics(Magics):
             if progress:
                 progress[0].update({"text/plain": ""}, raw=True)
         print(f"Reserved {res.name!r}: {', '.join(res.slice_names)} "
-              f"({res.num_hosts} hosts, {res.num_chips} chips).")
+              f"({_n(res.num_hosts, 'host')}, {_n(res.num_chips, 'chip')}).")
         display(get_lab().status(highlight=set(res.slice_names)))
 
     def _do_release(self, args: argparse.Namespace, cell: str | None) -> None:
@@ -187,13 +197,14 @@ class RaytpuMagics(Magics):
             print("No reservations in this session.")
         for r in held:
             print(f"{r.name}: {r.shape.pod_type} {r.shape.topology} on {', '.join(r.slice_names)} "
-                  f"({r.num_hosts} hosts, {r.num_chips} chips{', detached' if r.detached else ''})")
+                  f"({_n(r.num_hosts, 'host')}, {_n(r.num_chips, 'chip')}"
+                  f"{', detached' if r.detached else ''})")
 
     def _do_jax(self, args: argparse.Namespace, cell: str | None) -> Any:
         if cell is None:
             raise UsageError("%%raytpu jax is a cell magic: put the training function in the cell.")
         fn = self._training_function(cell, args.fn)
-        config = eval(args.config, self._shell.user_ns) if args.config else None  # noqa: S307 - the user's own expression
+        config = self._config(args.config)
         chart = RunChart(args.name or fn.__name__)
         handles: list[Any] = []
         try:
@@ -212,9 +223,25 @@ class RaytpuMagics(Magics):
               f"Result in `{args.out}`.")
         return None
 
+    def _config(self, text: str | None) -> Any:
+        """``--config``: a Python expression evaluated in the user namespace (the user's own code)."""
+        if not text:
+            return None
+        try:
+            return eval(text, self._shell.user_ns)  # noqa: S307
+        except Exception as err:
+            raise TrainingConfigError(
+                f"--config {text!r} could not be evaluated: {type(err).__name__}: {err}.",
+                why="It is read as a Python expression in the notebook's namespace.",
+                fix="Pass a dict, e.g. --config \"{'steps': 100}\"") from None
+
     def _training_function(self, cell: str, wanted: str | None) -> Callable[..., Any]:
         """Run the cell in the user namespace and return the function it defines."""
-        tree = ast.parse(cell)
+        try:
+            tree = ast.parse(cell)
+        except SyntaxError as err:
+            raise TrainingConfigError(f"The cell has a syntax error on line {err.lineno}: {err.msg}.",
+                                      fix="Fix the cell and run it again.") from None
         defs = [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
         result = self._shell.run_cell(cell, store_history=False, silent=True)
         result.raise_error()
@@ -232,3 +259,7 @@ class RaytpuMagics(Magics):
         if not callable(fn):
             raise UsageError(f"--fn {name}: no function of that name in the cell.")
         return fn  # type: ignore[no-any-return]
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"

@@ -25,7 +25,13 @@ def split_address(address: str) -> tuple[str, int]:
     Raises:
         ConnectError: The address has no ``host:port`` part.
     """
-    rest = address.removeprefix("ray://")
+    rest = address.strip().removeprefix("ray://")
+    if "://" in rest:
+        raise ConnectError(
+            f"{address!r}: the {rest.split('://')[0]}:// scheme is not a Ray address.",
+            why="Ray takes HOST:PORT (the GCS) or ray://HOST:PORT (Ray Client); the dashboard's "
+                "http:// address is for job submission, not for a notebook driver.",
+            fix="For example: %raytpu connect 127.0.0.1:6379", address=address)
     host, _, port = rest.rpartition(":")
     if not host or not port.isdigit():
         raise ConnectError(
@@ -43,6 +49,9 @@ def probe(address: str, *, timeout_s: float = 15.0) -> None:
         ConnectError: The address is malformed or nothing answered in time.
     """
     host, port = split_address(address)
+    if timeout_s <= 0:
+        raise ConnectError(f"--timeout {timeout_s} is not allowed.", why="It must be above 0 s.",
+                           fix="Pass a positive timeout, e.g. --timeout 15.", address=address)
     deadline = time.monotonic() + timeout_s
     last_error: OSError | None = None
     while time.monotonic() < deadline:

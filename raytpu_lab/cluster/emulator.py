@@ -51,6 +51,10 @@ _HOST_NUM_CPUS = 4
 _OBJECT_STORE_BYTES = 128 * 1024 * 1024  # per node; Ray's minimum is 75 MiB
 _STARTED_MARK = "Ray runtime started"
 _MAX_STARTING = 4
+HOST_MEMORY_BYTES = 280 * 1024 * 1024
+"""Memory one emulated host costs (raylet, dashboard agent, runtime-env agent), measured."""
+HOSTS_PER_CORE = 12
+"""More emulated hosts than this per CPU core miss Ray's fixed 30 s node-registration window."""
 AUTH_ENV = {"RAY_AUTH_MODE": "token"}
 """Environment every emulated node runs with, and a driver needs to connect: Ray token auth with
 the token in Ray's default file ``~/.ray/auth_token`` (Ray listens on every interface, so a local
@@ -203,6 +207,7 @@ def up(
                 f"Asked for {count} slices of {shape.pod_type}.",
                 fix="Ask for at least 1 slice, e.g. --slices 1.",
             )
+    _check_machine_size(sum(shape.num_hosts * count for shape, count in shapes))
     running = find(name)
     if running is not None:
         raise EmulatorError(
@@ -294,6 +299,20 @@ def _start_in_waves(folder: Path, nodes: list[tuple[str, dict[str, str], list[st
         in_flight.append((proc, folder / "logs" / f"{label}.log"))
     _wait_started(in_flight, max(1.0, deadline - time.monotonic()))
     return pids
+
+
+def _check_machine_size(hosts: int) -> None:
+    cores = os.cpu_count() or 1
+    need = (hosts + 1) * HOST_MEMORY_BYTES
+    available = psutil.virtual_memory().available
+    if hosts > HOSTS_PER_CORE * cores or need > 0.8 * available:
+        raise EmulatorError(
+            f"{hosts} emulated TPU hosts are too many for this machine ({cores} cores, "
+            f"{available / 2**30:.1f} GiB free).",
+            why=f"Each host is a real Ray node (~{HOST_MEMORY_BYTES // 2**20} MB); at most "
+                f"{HOSTS_PER_CORE} per core start within Ray's node-registration timeout.",
+            fix="Emulate fewer or smaller slices (e.g. --tpu v6e:4x4 --slices 2); use a real cluster "
+                "(%raytpu connect) for pod-scale topologies.")
 
 
 # Ray puts Unix sockets at <temp dir>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store and

@@ -167,7 +167,12 @@ def _worker_error_text(err: TrainingFailedError) -> str:
     if failures:
         rank, exc = sorted(failures.items())[0]
         more = f" (and {len(failures) - 1} more rank(s))" if len(failures) > 1 else ""
-        return f"rank {rank}{more}:\n{exc}"
+        # Ray hands back the user's exception; its remote traceback, when Ray kept one, is the cause.
+        detail = f"{type(exc).__name__}: {exc}"
+        cause = exc.__cause__
+        if cause is not None and str(cause) not in detail:
+            detail = f"{cause}\n{detail}"
+        return f"rank {rank}{more}: {detail}"
     return str(err)
 
 

@@ -100,6 +100,10 @@ def test_worker_error_is_shown_and_the_slice_freed(ip, lab: Lab) -> None:
     ("reserve 4x4 --version v6e --slices 3", "cluster has 2 intact"),
     ("up --tpu v6e:4x5", "not a valid topology"),
     ("release ghost", "No reservation named 'ghost'"),
+    ("reserve 4x4 --version v6e --timeout 0", "must be above 0"),
+    ("reserve 4x4 --version v6e --name 'x y'", "is not a reservation name"),
+    ("up --tpu v6e:16x16 --slices 1", "too many for this machine"),
+    ("connect http://127.0.0.1:6379", "scheme is not a Ray address"),
 ])
 def test_bad_input_is_one_clear_message(ip, lab: Lab, line: str, needle: str) -> None:
     out = _run(ip, line)
@@ -115,6 +119,34 @@ def test_reserve_with_no_free_slice_names_each_slice(ip, lab: Lab) -> None:
     _assert_brief(out, "tpu-v6e-4x4-0: held by hog", "tpu-v6e-4x4-1: held by hog", "0 intact idle")
     lab.release("hog")
     _assert_nothing_left(lab)
+
+
+def test_bad_config_is_refused_before_launch(ip, lab: Lab) -> None:
+    start = time.monotonic()
+    out = _run(ip, "jax --topology 4x4 --version v6e --config '[1, 2]'", "def f(config):\n    pass\n")
+    _assert_brief(out, "TrainingConfigError", "not a dict")
+    out = _run(ip, "jax --topology 4x4 --version v6e --config \"{'steps': \"", "def f(config):\n    pass\n")
+    _assert_brief(out, "could not be evaluated", "What to do")
+    assert time.monotonic() - start < 10
+    _assert_nothing_left(lab)
+
+
+def test_jax_on_slices_this_session_holds_fails_fast(ip, lab: Lab) -> None:
+    lab.reserve("4x4", "v6e", slices=2, name="mine")
+    start = time.monotonic()
+    out = _run(ip, "jax --topology 4x4 --version v6e", "def f(config):\n    pass\n")
+    assert time.monotonic() - start < 10
+    _assert_brief(out, "your reservation mine", "%raytpu release")
+    lab.release("mine")
+    _assert_nothing_left(lab)
+
+
+def test_release_leaves_the_slice_idle_in_the_next_status(ip, lab: Lab) -> None:
+    lab.reserve("4x4", "v6e", name="quick")
+    held = lab.reservations()[0].slice_names[0]
+    out = _run(ip, "release quick")
+    assert out.error is None and "Released 'quick'" in out.text
+    assert lab.snapshot().slice(held).state == "free"
 
 
 def test_up_while_running_says_how_to_reach_it(ip, lab: Lab, cluster: emulator.EmulatedCluster) -> None:
