@@ -22,6 +22,7 @@ is a ``"missing"`` host (``node_id`` ``None``). Nodes without usable TPU labels 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -302,11 +303,40 @@ class ClusterSnapshot:
         }
 
 
+@functools.lru_cache(maxsize=4096)
 def _pod_key(pod_type: str) -> tuple[str, int] | str:
     try:
         return split_pod_type(pod_type)
     except InvalidTopologyError:
         return pod_type
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_shape(version: str, topology: str, chips_per_host: int = 0
+                  ) -> SliceShape | InvalidTopologyError:
+    """:class:`SliceShape` (frozen, so shared) or the error; cached: a pod has thousands of
+    hosts of a handful of shapes, and validating each one dominated :func:`build_snapshot`."""
+    try:
+        return SliceShape(version, topology, chips_per_host)
+    except InvalidTopologyError as err:
+        return err
+
+
+def _shape(version: str, topology: str, chips_per_host: int = 0) -> SliceShape:
+    shape = _cached_shape(version, topology, chips_per_host)
+    if isinstance(shape, InvalidTopologyError):  # rare: raise a fresh error, not the cached one
+        return SliceShape(version, topology, chips_per_host)
+    return shape
+
+
+@functools.lru_cache(maxsize=4096)
+def _labelled_shape(pod: str | None, accel: str | None, topology: str
+                    ) -> SliceShape | InvalidTopologyError:
+    try:
+        version = split_pod_type(pod)[0] if pod else normalize_version(accel or "")
+    except InvalidTopologyError as err:
+        return err
+    return _cached_shape(version, topology)
 
 
 def _chips(amount: Any) -> int:
@@ -342,11 +372,9 @@ def _read_labels(node: Mapping[str, Any]) -> _Tpu | str:
         return f"slice {name!r} but no usable worker id ({worker or 'none'})"
     if not topology:
         return f"slice {name!r} but no topology label"
-    try:
-        version = split_pod_type(pod)[0] if pod else normalize_version(accel or "")
-        shape = SliceShape(version, topology)
-    except InvalidTopologyError as err:
-        return f"slice {name!r}: unknown TPU shape ({err.what})"
+    shape = _labelled_shape(pod, accel, topology)
+    if isinstance(shape, InvalidTopologyError):
+        return f"slice {name!r}: unknown TPU shape ({shape.what})"
     return _Tpu(node, name, int(worker), shape)
 
 
@@ -408,32 +436,33 @@ def _build_slice(name: str, members: list[_Tpu], expected: int | None,
     reasons: list[str] = []
     votes = Counter((m.shape.version, m.shape.topology) for m in members)
     (version, topology), _ = votes.most_common(1)[0]
-    shape = SliceShape(version, topology)
+    shape = _shape(version, topology)
     if expected and expected != shape.num_hosts:
         with contextlib.suppress(InvalidTopologyError):  # keep Ray's rule if it cannot tile
-            shape = SliceShape(version, topology, shape.num_chips // expected)
+            shape = _shape(version, topology, shape.num_chips // expected)
         if shape.num_hosts != expected:
             reasons.append(f"expected {expected} hosts, {topology} has {shape.num_hosts}")
+    num_hosts, want_pod = shape.num_hosts, _pod_key(shape.pod_type)  # hoisted: per host is slow
     for m in members:
         m_labels = m.node.get("labels") or {}
-        if (m.shape.version, m.shape.topology) != (version, topology):
+        if m.shape is not shape and (m.shape.version, m.shape.topology) != (version, topology):
             reasons.append(f"labels inconsistent: worker {m.worker_id} says {m.shape.spec}, "
                            f"slice is {shape.spec}")
         pod = m_labels.get(LABEL_POD_TYPE)
-        if pod and _pod_key(pod) != _pod_key(shape.pod_type):
+        if pod and _pod_key(pod) != want_pod:
             reasons.append(f"labels inconsistent: worker {m.worker_id} pod type {pod}, "
                            f"topology {topology} is {shape.pod_type}")
     by_worker: dict[int, list[_Tpu]] = defaultdict(list)
     for m in members:
-        if m.worker_id < shape.num_hosts:
+        if m.worker_id < num_hosts:
             by_worker[m.worker_id].append(m)
         else:
             reasons.append(f"labels inconsistent: worker {m.worker_id} outside "
-                           f"{shape.num_hosts} hosts")
+                           f"{num_hosts} hosts")
             other.append(_other(m.node, f"worker {m.worker_id} outside slice {name!r}"))
     hosts: list[HostState] = []
     kept: dict[int, Mapping[str, Any]] = {}
-    for wid in range(shape.num_hosts):
+    for wid in range(num_hosts):
         claims = sorted(by_worker.get(wid, []), key=lambda m: not m.node.get("alive"))
         if not claims:
             hosts.append(HostState(wid, None, "", "missing", 0, 0, None,

@@ -1,0 +1,265 @@
+"""The live topology map: an anywidget drawing each slice as its host grid, updated by deltas.
+
+Sync protocol (Python -> front end), chosen so a refresh of a 4,096-host pod sends a few KB:
+
+- Trait ``geometry`` (synced dict; changes only when the set of slices or their shapes changes):
+  ``{"rev": L, "states": HOST_STATES, "colors": STATE_COLORS, "summary_hosts": 256,
+  "chips_hosts": 64, "slices": [{"name", "pod_type", "topology", "ndims", "dims", "grid",
+  "block", "wrap", "hosts"}]}``. ``grid`` is hosts per axis, ``block`` chips per host per axis;
+  the view derives every host and chip position from them (worker ids run row-major, x
+  fastest, as :meth:`~raytpu_lab.tpu.topology.SliceShape.host_coords`).
+- Custom message ``{"type": "full", "geometry_rev": L, "rev": R, "slices": [[title, state,
+  reasons], ...], "hosts": [[[code, free, reserved, busy, owner], ...] per slice],
+  "nodes": [[[node_id, ip], ...] per slice], "other": n, "pending": [...]}``: every host, sent
+  when a view asks (``{"type": "request_full"}``, which each view does on render, so a second view
+  of the same widget is complete) and after every re-layout. ``code`` indexes ``states``.
+- Custom message ``{"type": "delta", "geometry_rev": L, "base": R - 1, "rev": R, "s":
+  [[slice_index, title, state, reasons]], "h": [[slice_index, worker, code, free, reserved,
+  busy, owner]], "n": [[slice_index, worker, node_id, ip]]}``: only what changed since the last
+  snapshot; nothing at all is sent when nothing changed. A view whose ``rev`` is not ``base`` (or
+  whose geometry is older) asks for a full state instead of applying it.
+- Custom message ``{"type": "details", "slice", "worker"}`` from a view (hover) is answered with
+  the host's labels, node id, IP and owner: labels are large and rarely looked at, so they are
+  never part of full or delta messages.
+- Traits ``highlight`` (list of slice names), ``status`` (text for the status line) and
+  ``selected`` (set by the view: ``{"slice", "worker", "node_id"}`` for a host click,
+  ``{"slice"}`` for a slice-title click, ``{}`` for none).
+
+Trait changes of one :meth:`TopologyMap.update` are batched with ``hold_sync()``; :meth:`update`
+is safe to call from a refresher thread. The display also carries ``text/plain``
+(:func:`~raytpu_lab.widgets.svg.render_status_text`) and ``text/html`` (the static SVG of
+:func:`~raytpu_lab.widgets.svg.render_status_html`) for front ends without a widget manager.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import anywidget
+import ipywidgets
+import traitlets
+
+from raytpu_lab.state.model import HOST_STATES, ClusterSnapshot, SliceState
+from raytpu_lab.widgets.svg import (
+    MAX_HOSTS_WITH_CHIPS,
+    STATE_COLORS,
+    render_status_html,
+    render_status_text,
+    slice_title,
+)
+
+__all__ = ["TopologyMap", "SUMMARY_HOSTS"]
+
+SUMMARY_HOSTS = 256
+"""Above this many hosts in total, the view draws one summary tile per slice (click expands)."""
+
+_CODE = {state: i for i, state in enumerate(HOST_STATES)}
+_HostRow = tuple[int, int, int, int, "str | None"]
+_NodeRow = tuple["str | None", str]
+_SliceRow = tuple[str, str, str]
+
+
+def _geometry_key(snapshot: ClusterSnapshot) -> tuple[tuple[str, str, str, int, int], ...]:
+    return tuple((s.name, s.version, s.topology, s.shape.chips_per_host, len(s.hosts))
+                 for s in snapshot.slices)
+
+
+def _slice_geometry(s: SliceState) -> dict[str, Any]:
+    shape = s.shape
+    return {"name": s.name, "pod_type": s.pod_type, "topology": s.topology,
+            "ndims": len(shape.dims), "dims": list(shape.dims), "grid": list(shape.host_grid),
+            "block": list(shape.chips_per_host_bounds), "wrap": list(shape.wraparound),
+            "hosts": len(s.hosts)}
+
+
+def _rows(snapshot: ClusterSnapshot
+          ) -> tuple[list[_SliceRow], list[list[_HostRow]], list[list[_NodeRow]]]:
+    slices: list[_SliceRow] = []
+    hosts: list[list[_HostRow]] = []
+    nodes: list[list[_NodeRow]] = []
+    code = _CODE
+    for s in snapshot.slices:
+        slices.append((slice_title(s), s.state, "; ".join(s.reasons)))
+        hosts.append([(code.get(h.state, 0), h.chips_free, h.chips_reserved, h.chips_busy,
+                       h.owner) for h in s.hosts])
+        nodes.append([(h.node_id, h.ip) for h in s.hosts])
+    return slices, hosts, nodes
+
+
+def _changed(si: int, old: list[Any], new: list[Any]) -> list[list[Any]]:
+    return [[si, w, *n] for w, (o, n) in enumerate(zip(old, new, strict=True)) if o != n]
+
+
+class TopologyMap(anywidget.AnyWidget):  # type: ignore[misc]
+    """Live map of a cluster's TPU slices, hosts and chips.
+
+    Args:
+        snapshot: The first state to draw; ``None`` draws an empty map until :meth:`update`.
+        highlight: Slice names to ring (e.g. a reservation's slices).
+
+    Example::
+
+        m = TopologyMap(lab.snapshot(), highlight=["tpu-v6e-4x4-0"])
+        display(m)
+        m.update(lab.snapshot())   # sends only what changed
+        m.selected                 # {"slice": ..., "worker": 2, "node_id": ...} after a click
+    """
+
+    _esm = pathlib.Path(__file__).with_name("topology_map.js")
+
+    geometry = traitlets.Dict().tag(sync=True)
+    highlight = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    status = traitlets.Unicode("").tag(sync=True)
+    selected = traitlets.Dict().tag(sync=True)
+
+    def __init__(self, snapshot: ClusterSnapshot | None = None, *,
+                 highlight: Iterable[str] = ()) -> None:
+        super().__init__()
+        self._lock = threading.RLock()
+        self._snapshot: ClusterSnapshot | None = None
+        self._key: tuple[Any, ...] | None = None
+        self._slices: list[_SliceRow] = []
+        self._hosts: list[list[_HostRow]] = []
+        self._nodes: list[list[_NodeRow]] = []
+        self._extra: tuple[int, tuple[str, ...]] = (0, ())
+        self._rev = 0
+        self._geometry_rev = 0
+        self.highlight = sorted(set(highlight))
+        self.on_msg(self._on_view_msg)
+        self.update(snapshot or ClusterSnapshot(0.0, [], [], None))
+
+    # --- public API ------------------------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> ClusterSnapshot | None:
+        """The last snapshot drawn."""
+        return self._snapshot
+
+    def update(self, snapshot: ClusterSnapshot) -> None:
+        """Draw a new snapshot, sending only what changed since the last one.
+
+        A change in the set of slices (or a slice's shape / host count) re-lays out the map and
+        sends a full state; otherwise at most one ``delta`` message goes out, none when nothing
+        changed.
+
+        Args:
+            snapshot: The cluster now.
+        """
+        with self._lock:
+            key = _geometry_key(snapshot)
+            slices, hosts, nodes = _rows(snapshot)
+            extra = (len(snapshot.other_nodes), tuple(snapshot.pending_owners))
+            self._snapshot = snapshot
+            if key != self._key:
+                self._key = key
+                self._slices, self._hosts, self._nodes, self._extra = slices, hosts, nodes, extra
+                self._geometry_rev += 1
+                self._rev += 1
+                with self.hold_sync():
+                    self.geometry = self._geometry_dict(snapshot)
+                self.send(self._full_message())  # after the geometry: views draw it first
+                return
+            delta = self._delta(slices, hosts, nodes, extra)
+            if delta is not None:
+                self.send(delta)
+
+    def set_highlight(self, names: Iterable[str]) -> None:
+        """Ring these slices (replacing the previous set)."""
+        self.highlight = sorted(set(names))
+
+    def set_status(self, text: str) -> None:
+        """Show ``text`` in the view's status line, e.g. ``"disconnected — retrying"``."""
+        self.status = str(text)
+
+    def close(self) -> None:
+        """Close the widget and the ``Layout`` widget ipywidgets gave it, freeing both comms.
+
+        ``DOMWidget.close`` leaves its ``layout`` child open, so every map shown and closed would
+        otherwise leave one widget behind in ``ipywidgets.Widget.widgets``.
+        """
+        layout = self.layout
+        super().close()
+        if isinstance(layout, ipywidgets.Widget):
+            layout.close()
+
+    # --- messages --------------------------------------------------------------------------------
+
+    def _geometry_dict(self, snapshot: ClusterSnapshot) -> dict[str, Any]:
+        return {"rev": self._geometry_rev, "states": list(HOST_STATES),
+                "colors": dict(STATE_COLORS), "summary_hosts": SUMMARY_HOSTS,
+                "chips_hosts": MAX_HOSTS_WITH_CHIPS,
+                "slices": [_slice_geometry(s) for s in snapshot.slices]}
+
+    def _full_message(self) -> dict[str, Any]:
+        with self._lock:
+            return {"type": "full", "geometry_rev": self._geometry_rev, "rev": self._rev,
+                    "slices": [list(r) for r in self._slices],
+                    "hosts": [[list(r) for r in rows] for rows in self._hosts],
+                    "nodes": [[list(r) for r in rows] for rows in self._nodes],
+                    "other": self._extra[0], "pending": list(self._extra[1])}
+
+    def _delta(self, slices: list[_SliceRow], hosts: list[list[_HostRow]],
+               nodes: list[list[_NodeRow]], extra: tuple[int, tuple[str, ...]]
+               ) -> dict[str, Any] | None:
+        s_changes = [[i, *new] for i, (old, new) in enumerate(zip(self._slices, slices,
+                                                                    strict=True)) if old != new]
+        h_changes: list[list[Any]] = []
+        n_changes: list[list[Any]] = []
+        for i in range(len(hosts)):
+            if self._hosts[i] != hosts[i]:  # list equality in C: unchanged slices cost ~nothing
+                h_changes.extend(_changed(i, self._hosts[i], hosts[i]))
+            if self._nodes[i] != nodes[i]:
+                n_changes.extend(_changed(i, self._nodes[i], nodes[i]))
+        self._slices, self._hosts, self._nodes = slices, hosts, nodes
+        if not (s_changes or h_changes or n_changes or extra != self._extra):
+            return None
+        self._extra = extra
+        self._rev += 1
+        return {"type": "delta", "geometry_rev": self._geometry_rev, "base": self._rev - 1,
+                "rev": self._rev, "s": s_changes, "h": h_changes, "n": n_changes,
+                "other": extra[0], "pending": list(extra[1])}
+
+    def _details(self, slice_name: str, worker: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "details", "slice": slice_name, "worker": worker}
+        snap = self._snapshot
+        try:
+            host = snap.slice(slice_name).hosts[worker] if snap else None
+        except (KeyError, IndexError):
+            host = None
+        if host is not None:
+            out.update(node_id=host.node_id, ip=host.ip, owner=host.owner,
+                       labels=dict(host.labels))
+        return out
+
+    def _on_view_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if not isinstance(content, dict):
+            return
+        kind = content.get("type")
+        if kind == "request_full":
+            self.send(self._full_message())
+        elif kind == "details":
+            try:
+                worker = int(content.get("worker", -1))
+            except (TypeError, ValueError):
+                return
+            self.send(self._details(str(content.get("slice", "")), worker))
+
+    # --- display ---------------------------------------------------------------------------------
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """The widget view plus ``text/plain`` (status table) and ``text/html`` (static SVG map).
+
+        ipywidgets / anywidget put only the widget-view reference and a one-line repr in the
+        bundle; a front end without the widget manager then shows "Error displaying widget" or
+        that repr. Here the static rendering of the last snapshot rides along, so nbviewer,
+        GitHub, VS Code offline and exports still show a readable map.
+        """
+        bundle = super()._repr_mimebundle_(**kwargs)
+        data, metadata = bundle if isinstance(bundle, tuple) else (bundle or {}, {})
+        snap = self._snapshot or ClusterSnapshot(0.0, [], [], None)
+        data = {**data, "text/plain": render_status_text(snap),
+                "text/html": render_status_html(snap, self.highlight)}
+        return data, metadata
