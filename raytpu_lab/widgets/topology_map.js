@@ -196,7 +196,7 @@ function render({ model, el }) {
     svgEl("rect", { class: "frame", x: 0, y: 0, width: TILE_W, height: TILE_H, rx: 6, fill: "#fff", "stroke-width": 3 }, e);
     const t = svgEl("text", { class: "slice-name", x: PAD, y: 18, "font-weight": "bold" }, e);
     t.textContent = g.name.length > 26 ? g.name.slice(0, 25) + "…" : g.name;
-    svgEl("text", { x: PAD, y: 33, fill: "#5f6368" }, e).textContent = `${g.pod_type} · ${g.topology} · ${g.hosts} hosts`;
+    svgEl("text", { x: PAD, y: 33, "font-size": 11, fill: "#5f6368" }, e).textContent = `${g.pod_type} · ${g.topology} · ${g.hosts} hosts`;
     svgEl("g", { class: "bar" }, e);
     svgEl("text", { class: "counts", x: PAD, y: 62, "font-size": 9, fill: "#5f6368" }, e);
     const tt = svgEl("title", {}, e);
@@ -266,7 +266,7 @@ function render({ model, el }) {
         // z links and torus wrap-around: a dashed arc, bulging away from the straight path
         const mx = (a[0] + b[0]) / 2, my = (a[1] + b[1]) / 2 - (axis === 0 || axis === 2 ? 18 : 0);
         const qx = axis === 1 ? Math.min(a[0], b[0]) - 18 : mx;
-        svgEl("path", { class: "link", d: `M${a[0]},${a[1]} Q${qx},${my} ${b[0]},${b[1]}`, "stroke-dasharray": "2 2" }, lg);
+        svgEl("path", { class: axis === 2 ? "link z" : "link wrap", d: `M${a[0]},${a[1]} Q${qx},${my} ${b[0]},${b[1]}`, "stroke-dasharray": "2 2", stroke: axis === 2 ? "#1a73e8" : "#5f6368", opacity: axis === 2 ? 0.35 : 0.8 }, lg);
       }
     }
     lg.setAttribute("data-links", n);
@@ -338,6 +338,7 @@ function render({ model, el }) {
       if (data.other) parts.push(`${data.other} other node${data.other === 1 ? "" : "s"}`);
       if (data.pending && data.pending.length) parts.push(`waiting for placement: ${data.pending.join(", ")}`);
       if (summaryMode()) parts.push("click a slice to expand it");
+      if (+svg.getAttribute("height") >= VIEW_MAX_H) parts.push("drag to pan, ctrl/⌘+wheel to zoom");
       parts.push(`rev ${data.rev} at ${new Date().toLocaleTimeString()}`);
     }
     status.textContent = parts.join(" · ");

@@ -138,6 +138,11 @@ class TopologyMap(anywidget.AnyWidget):  # type: ignore[misc]
         """The last snapshot drawn."""
         return self._snapshot
 
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called (the refresher drops closed views)."""
+        return self.comm is None
+
     def update(self, snapshot: ClusterSnapshot) -> None:
         """Draw a new snapshot, sending only what changed since the last one.
 
@@ -148,6 +153,8 @@ class TopologyMap(anywidget.AnyWidget):  # type: ignore[misc]
         Args:
             snapshot: The cluster now.
         """
+        if self.closed:
+            return
         with self._lock:
             key = _geometry_key(snapshot)
             slices, hosts, nodes = _rows(snapshot)

@@ -199,7 +199,9 @@ def test_closing_maps_leaves_no_open_widgets() -> None:
     for m in maps:
         m.close()
     assert len(ipywidgets.widgets.widget._instances) == before
-    assert all(m.comm is None for m in maps)
+    assert all(m.closed for m in maps)
+    maps[0].update(_snap("one_reserved"))  # a late refresh of a closed map is a no-op
+    assert maps[0].snapshot is not None and maps[0].snapshot.slices[0].state == "free"
 
 
 def test_pod_scale_delta_is_small() -> None:
