@@ -410,23 +410,26 @@ def _bundles_by_node(groups: Iterable[Mapping[str, Any]], reservations: Mapping[
     return held, head_locked, pending
 
 
+_NO_BUNDLES: Counter[str] = Counter()  # shared, never modified: hosts without bundles
+
+
 def _host(tpu: _Tpu, cph: int, held: Counter[str]) -> HostState:
+    # Positional HostState fields (worker_id, node_id, ip, state, chips, chips_free, owner,
+    # labels, chips_reserved, chips_busy, chips_per_host): called once per host per refresh.
     node = tpu.node
     labels = dict(node.get("labels") or {})
     total = _chips((node.get("resources_total") or {}).get("TPU", 0))
-    common: dict[str, Any] = {
-        "worker_id": tpu.worker_id, "node_id": node.get("node_id"), "ip": str(node.get("ip", "")),
-        "chips": total, "labels": labels, "chips_per_host": cph}
+    node_id, ip = node.get("node_id"), str(node.get("ip", ""))
     owner = held.most_common(1)[0][0] if held else None
     if not node.get("alive"):
-        return HostState(state="dead", chips_free=0, owner=owner, **common)
+        return HostState(tpu.worker_id, node_id, ip, "dead", total, 0, owner, labels, 0, 0, cph)
     available = _chips((node.get("resources_available") or {}).get("TPU", 0))  # absent: 0
-    reserved = min(sum(held.values()), total)
+    reserved = min(sum(held.values()), total) if held else 0
     free = max(0, min(available, total - reserved))
     busy = total - reserved - free
     state = "reserved" if reserved else "busy" if busy else "free"
-    return HostState(state=state, chips_free=free, owner=owner, chips_reserved=reserved,
-                     chips_busy=busy, **common)
+    return HostState(tpu.worker_id, node_id, ip, state, total, free, owner, labels, reserved,
+                     busy, cph)
 
 
 def _build_slice(name: str, members: list[_Tpu], expected: int | None,
@@ -463,7 +466,9 @@ def _build_slice(name: str, members: list[_Tpu], expected: int | None,
     hosts: list[HostState] = []
     kept: dict[int, Mapping[str, Any]] = {}
     for wid in range(num_hosts):
-        claims = sorted(by_worker.get(wid, []), key=lambda m: not m.node.get("alive"))
+        claims = by_worker.get(wid, [])
+        if len(claims) > 1:
+            claims = sorted(claims, key=lambda m: not m.node.get("alive"))
         if not claims:
             hosts.append(HostState(wid, None, "", "missing", 0, 0, None,
                                    chips_per_host=shape.chips_per_host))
@@ -475,7 +480,7 @@ def _build_slice(name: str, members: list[_Tpu], expected: int | None,
             if m.node.get("alive"):
                 reasons.append(f"labels inconsistent: worker {wid} claimed by several live nodes")
             other.append(_other(m.node, f"duplicate worker {wid} of slice {name!r}"))
-        host = _host(keep, shape.chips_per_host, held.get(keep.node.get("node_id", ""), Counter()))
+        host = _host(keep, shape.chips_per_host, held.get(keep.node.get("node_id", ""), _NO_BUNDLES))
         hosts.append(host)
         if host.state == "dead":
             reasons.append(f"worker {wid} dead")
@@ -495,7 +500,7 @@ def _build_slice(name: str, members: list[_Tpu], expected: int | None,
         elif not (node.get("resources_available") or {}).get(shape.head_resource):
             head_locked = True
     owners = list(dict.fromkeys(
-        o for h in hosts if h.alive for o in held.get(h.node_id or "", Counter())))
+        o for h in hosts if h.alive for o in held.get(h.node_id or "", _NO_BUNDLES)))
     return SliceState(name=name, pod_type=shape.pod_type, version=shape.version,
                       topology=shape.topology, shape=shape, hosts=hosts,
                       health="degraded" if reasons else "intact",
