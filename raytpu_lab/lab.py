@@ -26,12 +26,14 @@ from raytpu_lab.errors import (
     ReservationError,
     TrainingConfigError,
 )
+from raytpu_lab.refresher import Refresher
 from raytpu_lab.reserve import Reservation, diagnose, reserve
 from raytpu_lab.state.fetch import fetch_raw_state
 from raytpu_lab.state.model import ClusterSnapshot, build_snapshot
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
 from raytpu_lab.train.jax_run import RunResult, launch_jax
 from raytpu_lab.widgets.status import StatusView
+from raytpu_lab.widgets.topology_map import TopologyMap
 
 __all__ = ["Lab", "get_lab"]
 
@@ -53,6 +55,8 @@ class Lab:
         self.last_run: RunResult | None = None
         self._reservations: dict[str, Reservation] = {}
         self._names = itertools.count(1)
+        self.refresher = Refresher(self.snapshot)
+        self._map: TopologyMap | None = None
 
     # -- cluster ---------------------------------------------------------------------------
 
@@ -127,6 +131,9 @@ class Lab:
             res.release()
         self._reservations.clear()
         cluster = self.cluster or emulator.find()
+        self.refresher.stop()
+        if self._map is not None:
+            self._map.set_status("disconnected (%raytpu down)")
         self.address = None
         self.cluster = None
         disconnect()
@@ -148,9 +155,37 @@ class Lab:
         return build_snapshot(fetch_raw_state(), expected_hosts=expected)
 
     def status(self, highlight: set[str] | None = None) -> StatusView:
-        """A view of the snapshot: text table, HTML table and SVG map (for display)."""
-        own = {s for r in self._reservations.values() for s in r.slice_names}
-        return StatusView(self.snapshot(), highlight=highlight if highlight is not None else own)
+        """A view of the snapshot: text table, HTML table and SVG map (for display).
+
+        Also rings the same slices on the live map, if one is shown.
+        """
+        marked = highlight if highlight is not None else self._own_slices()
+        snapshot = self.snapshot()
+        self._highlight(marked)
+        return StatusView(snapshot, highlight=marked)
+
+    def map(self, *, highlight: set[str] | None = None, interval_s: float | None = None,
+            ) -> TopologyMap:
+        """The session's live topology map (one widget per session; displaying it again adds a view).
+
+        Args:
+            highlight: Slices to ring; this session's reservations if ``None``.
+            interval_s: Seconds between refreshes (the session's one refresher; default 1 s).
+
+        Raises:
+            NotConnectedError: No cluster connected.
+        """
+        snapshot = self.snapshot()
+        if interval_s is not None:
+            self.refresher.interval_s = interval_s
+        marked = highlight if highlight is not None else self._own_slices()
+        if self._map is None or getattr(self._map, "closed", False):
+            self._map = TopologyMap(snapshot, highlight=marked)
+        else:
+            self._map.update(snapshot)
+            self._map.set_highlight(marked)
+        self.refresher.add(self._map)
+        return self._map
 
     # -- reservations ----------------------------------------------------------------------
 
@@ -189,6 +224,7 @@ class Lab:
         res = reserve(shape, self.snapshot, name=name, num_slices=slices, timeout_s=timeout_s,
                       detached=detached, on_wait=on_wait)
         self._reservations[name] = res
+        self._highlight(set(res.slice_names))
         return res
 
     def release(self, name: str, *, settle_s: float = 10.0) -> None:
@@ -258,7 +294,8 @@ class Lab:
             on_launch()
         run = launch_jax(train_fn, shape, name=name or f"jax-{time.strftime('%H%M%S')}",
                          num_slices=slices, config=config, storage_path=storage_path,
-                         snapshot=self.snapshot, on_records=on_records)
+                         snapshot=self.snapshot, on_records=on_records,
+                         on_placement=lambda slices: self._highlight(set(slices)))
         self.last_run = run
         return run
 
@@ -288,6 +325,14 @@ class Lab:
             if time.monotonic() >= deadline:
                 raise diagnose(snap, shape, slices, timeout_s=wait_s, wait_option="--wait")
             time.sleep(0.5)
+
+    def _own_slices(self) -> set[str]:
+        return {s for r in self._reservations.values() for s in r.slice_names}
+
+    def _highlight(self, slices: set[str]) -> None:
+        if self._map is not None and not getattr(self._map, "closed", False):
+            self._map.set_highlight(slices)
+            self.refresher.refresh_now()
 
     def _require_connection(self, doing: str) -> None:
         if not self.connected:

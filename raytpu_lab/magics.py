@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("status", help="slices, hosts and chips: table and map")
 
+    live = sub.add_parser("map", help="the live topology map (one per session, refreshed in the background)")
+    live.add_argument("--interval", type=float, help="seconds between refreshes (default 1)")
+    live.add_argument("--pause", action="store_true", help="stop refreshing (the map keeps its state)")
+    live.add_argument("--resume", action="store_true", help="refresh again")
+
     res = sub.add_parser("reserve", help="reserve whole TPU slices atomically")
     res.add_argument("topology", help="e.g. 4x4, 2x2x2")
     res.add_argument("--version", required=True, help="accelerator version, e.g. v6e, v5e, v4")
@@ -165,6 +170,18 @@ class RaytpuMagics(Magics):
 
     def _do_status(self, args: argparse.Namespace, cell: str | None) -> None:
         display(get_lab().status())
+
+    def _do_map(self, args: argparse.Namespace, cell: str | None) -> Any:
+        lab = get_lab()
+        if args.pause:
+            lab.refresher.pause()
+            print("Map refresh paused.")
+            return None
+        if args.resume:
+            lab.refresher.resume()
+            print("Map refresh resumed.")
+            return None
+        return lab.map(interval_s=args.interval)
 
     def _do_reserve(self, args: argparse.Namespace, cell: str | None) -> None:
         progress: list[Any] = []  # a display appears only once we actually wait

@@ -51,6 +51,8 @@ _HOST_NUM_CPUS = 4
 _OBJECT_STORE_BYTES = 128 * 1024 * 1024  # per node; Ray's minimum is 75 MiB
 _STARTED_MARK = "Ray runtime started"
 _MAX_STARTING = 4
+_START_ATTEMPTS = 3
+_REGISTRATION_TIMEOUT_MARK = "timed out during startup"
 HOST_MEMORY_BYTES = 280 * 1024 * 1024
 """Memory one emulated host costs (raylet, dashboard agent, runtime-env agent), measured."""
 HOSTS_PER_CORE = 12
@@ -255,7 +257,6 @@ def up(
                         # Its own temp dir: Ray names a node's sockets by probing for free file
                         # names, which races when nodes sharing a session dir start together.
                         f"--temp-dir={folder / f'h{len(to_start)}'}",
-                        *_host_port_flags(),
                     ]))
                     hosts.append(EmulatedHost(
                         slice_name=slice_name(group_name(shape), replica), worker_id=worker_id,
@@ -284,21 +285,50 @@ def _start_in_waves(folder: Path, nodes: list[tuple[str, dict[str, str], list[st
     """Start nodes with at most ``_MAX_STARTING`` registering at once; return their pids in order.
 
     ``ray start`` gives a node a fixed 30 s to register with the GCS; on 2 cores, a dozen raylets
-    and their agents starting together miss it.
+    and their agents starting together (or a busy machine) can miss it. Such a node is killed and
+    started again with fresh ports, up to ``_START_ATTEMPTS`` times.
     """
-    pids: list[int] = []
-    in_flight: list[tuple[subprocess.Popen[bytes], Path]] = []
     deadline = time.monotonic() + timeout_s
-    for label, env, args in nodes:
-        while len(in_flight) >= _MAX_STARTING:
-            in_flight = _still_starting(in_flight, deadline, timeout_s)
-            time.sleep(0.1)
-        proc = _start_node(folder, label, env, args)
-        started.append(proc)
-        pids.append(proc.pid)
-        in_flight.append((proc, folder / "logs" / f"{label}.log"))
-    _wait_started(in_flight, max(1.0, deadline - time.monotonic()))
-    return pids
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    attempts = [0] * len(nodes)
+    pending = list(range(len(nodes)))
+    in_flight: list[int] = []
+    while pending or in_flight:
+        while pending and len(in_flight) < _MAX_STARTING:
+            i = pending.pop(0)
+            label, env, args = nodes[i]
+            attempts[i] += 1
+            procs[i] = _start_node(folder, label, env, [*args, *_host_port_flags()])
+            started.append(procs[i])
+            in_flight.append(i)
+        time.sleep(0.2)
+        still = []
+        for i in in_flight:
+            log = folder / "logs" / f"{nodes[i][0]}.log"
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if _STARTED_MARK in text:
+                continue
+            if procs[i].poll() is None:
+                still.append(i)
+            elif _REGISTRATION_TIMEOUT_MARK in text and attempts[i] < _START_ATTEMPTS:
+                _signal_group(procs[i].pid, signal.SIGKILL)
+                pending.insert(0, i)
+            else:
+                tail = "\n".join(text.strip().splitlines()[-15:])
+                raise EmulatorError(
+                    f"Emulated node {log.stem} exited with code {procs[i].returncode} while "
+                    f"starting (attempt {attempts[i]}).",
+                    why=f"Last lines of {log}:\n{tail}",
+                    fix="Fix the cause above and run `up` again.")
+        in_flight = still
+        if (pending or in_flight) and time.monotonic() > deadline:
+            names = ", ".join(nodes[i][0] for i in in_flight + pending)
+            raise EmulatorError(
+                f"{len(in_flight) + len(pending)} emulated node(s) did not start within "
+                f"{timeout_s:.0f} s: {names}.",
+                why="The machine may be short of CPU or memory (each host costs about 280 MB).",
+                fix="Start fewer slices, or pass a longer timeout.")
+    return [procs[i].pid for i in range(len(nodes))]
 
 
 def _check_machine_size(hosts: int) -> None:
@@ -388,36 +418,20 @@ def _ray_cli() -> str:
 
 
 def _wait_started(nodes: list[tuple[subprocess.Popen[bytes], Path]], timeout_s: float) -> None:
+    """Wait for each node's log to say it started; raise with the log tail if one exits first."""
     deadline = time.monotonic() + timeout_s
-    waiting = list(nodes)
-    while waiting:
-        waiting = _still_starting(waiting, deadline, timeout_s)
-        if waiting:
-            time.sleep(0.2)
-
-
-def _still_starting(nodes: list[tuple[subprocess.Popen[bytes], Path]], deadline: float,
-                    timeout_s: float) -> list[tuple[subprocess.Popen[bytes], Path]]:
-    """The nodes not yet started; raises if one exited or the deadline passed."""
-    waiting = []
     for proc, log in nodes:
-        text = log.read_text(errors="replace") if log.exists() else ""
-        if _STARTED_MARK in text:
-            continue
-        if proc.poll() is not None:
-            tail = "\n".join(text.strip().splitlines()[-15:])
-            raise EmulatorError(
-                f"Emulated node {log.stem} exited with code {proc.returncode} while starting.",
-                why=f"Last lines of {log}:\n{tail}",
-                fix="Fix the cause above and run `up` again.")
-        waiting.append((proc, log))
-    if waiting and time.monotonic() > deadline:
-        names = ", ".join(log.stem for _, log in waiting)
-        raise EmulatorError(
-            f"{len(waiting)} emulated node(s) did not start within {timeout_s:.0f} s: {names}.",
-            why="The machine may be short of CPU or memory (each host costs about 280 MB).",
-            fix="Start fewer slices, or pass a longer timeout.")
-    return waiting
+        while True:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if _STARTED_MARK in text:
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = "\n".join(text.strip().splitlines()[-15:])
+                raise EmulatorError(
+                    f"Emulated node {log.stem} did not start (exit code {proc.poll()}).",
+                    why=f"Last lines of {log}:\n{tail}",
+                    fix="Fix the cause above and run `up` again.")
+            time.sleep(0.2)
 
 
 def _free_ports(n: int) -> list[int]:

@@ -67,6 +67,7 @@ def launch_jax(
     storage_path: str | None = None,
     snapshot: Callable[[], ClusterSnapshot] | None = None,
     on_records: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_placement: Callable[[list[str]], None] | None = None,
     poll_interval_s: float = 0.5,
 ) -> RunResult:
     """Run ``train_fn`` with ``JaxTrainer`` on ``num_slices`` slices of ``shape``; block until done.
@@ -82,6 +83,7 @@ def launch_jax(
         snapshot: Returns a cluster snapshot; used to find the slices the run landed on.
         on_records: Called from a background thread with each batch of new records, at most
             every ``poll_interval_s`` seconds (for a live chart).
+        on_placement: Called once from the background thread with the slices the run landed on.
         poll_interval_s: How often the background thread drains reports, seconds.
 
     Returns:
@@ -121,6 +123,8 @@ def launch_jax(
                     on_records(batch)
             if snapshot is not None and not result.slice_names:
                 result.slice_names = _new_slices(snapshot(), known_pgs)
+                if result.slice_names and on_placement is not None:
+                    on_placement(result.slice_names)
             if stop.is_set():
                 return
             stop.wait(poll_interval_s)

@@ -7,7 +7,7 @@ from IPython.core.error import UsageError
 
 from raytpu_lab.magics import _HelpShown, build_parser
 
-COMMANDS = ["up", "down", "connect", "status", "reserve", "release", "reservations", "jax"]
+COMMANDS = ["up", "down", "connect", "status", "map", "reserve", "release", "reservations", "jax"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

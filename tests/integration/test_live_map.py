@@ -1,0 +1,44 @@
+"""The session's live map on the emulated cluster: one widget, one refresher, changes within seconds."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import ipywidgets
+
+from raytpu_lab.lab import Lab
+
+
+def _until(predicate, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_map_is_one_widget_fed_by_one_refresher(lab: Lab) -> None:
+    widgets_before = len(ipywidgets.Widget.widgets)
+    first = lab.map(interval_s=0.2)
+    for _ in range(4):
+        assert lab.map() is first
+    assert sum(t.name == "raytpu-refresher" for t in threading.enumerate()) == 1
+    assert len(ipywidgets.Widget.widgets) - widgets_before <= 2  # the map (and its Layout)
+
+    sent: list[dict] = []
+    original = first.send
+    first.send = lambda msg, buffers=None: (sent.append(msg), original(msg, buffers))[1]
+    res = lab.reserve("4x4", "v6e", name="mapped")
+    assert set(first.highlight) == set(res.slice_names)
+    held = res.slice_names[0]
+    assert _until(lambda: first.snapshot is not None and first.snapshot.slice(held).state == "reserved")
+    deltas = [m for m in sent if m.get("type") == "delta"]
+    assert deltas and all(len(str(m)) < 4096 for m in deltas)
+    lab.release("mapped")
+    assert _until(lambda: first.snapshot.slice(held).state == "free")
+
+    first.close()
+    assert _until(lambda: not lab.refresher.running)
+    assert len(ipywidgets.Widget.widgets) <= widgets_before + 1
