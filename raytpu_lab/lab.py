@@ -55,6 +55,7 @@ class Lab:
         self.last_run: RunResult | None = None
         self._reservations: dict[str, Reservation] = {}
         self._names = itertools.count(1)
+        self._jobs: dict[str, str] = {}  # placement group id -> "run <name>", while it runs
         self.refresher = Refresher(self.snapshot)
         self._map: TopologyMap | None = None
 
@@ -152,7 +153,7 @@ class Lab:
         """
         self._require_connection("read the cluster state")
         expected = self.cluster.expected_hosts if self.cluster else None
-        return build_snapshot(fetch_raw_state(), expected_hosts=expected)
+        return build_snapshot(fetch_raw_state(), expected_hosts=expected, jobs=dict(self._jobs))
 
     def status(self, highlight: set[str] | None = None) -> StatusView:
         """A view of the snapshot: text table, HTML table and SVG map (for display).
@@ -292,10 +293,18 @@ class Lab:
         self._wait_for_idle(shape, slices, wait_s)
         if on_launch is not None:
             on_launch()
-        run = launch_jax(train_fn, shape, name=name or f"jax-{time.strftime('%H%M%S')}",
-                         num_slices=slices, config=config, storage_path=storage_path,
-                         snapshot=self.snapshot, on_records=on_records,
-                         on_placement=lambda slices: self._highlight(set(slices)))
+        run_name = name or f"jax-{time.strftime('%H%M%S')}"
+
+        def placed(slice_names: list[str], pg_ids: list[str]) -> None:
+            self._jobs.update({pg: f"run {run_name}" for pg in pg_ids})
+            self._highlight(set(slice_names))
+
+        try:
+            run = launch_jax(train_fn, shape, name=run_name, num_slices=slices, config=config,
+                             storage_path=storage_path, snapshot=self.snapshot,
+                             on_records=on_records, on_placement=placed)
+        finally:
+            self._jobs = {pg: label for pg, label in self._jobs.items() if label != f"run {run_name}"}
         self.last_run = run
         return run
 

@@ -413,7 +413,7 @@ def _bundles_by_node(groups: Iterable[Mapping[str, Any]], reservations: Mapping[
 _NO_BUNDLES: Counter[str] = Counter()  # shared, never modified: hosts without bundles
 
 
-def _host(tpu: _Tpu, cph: int, held: Counter[str]) -> HostState:
+def _host(tpu: _Tpu, cph: int, held: Counter[str], jobs: frozenset[str] = frozenset()) -> HostState:
     # Positional HostState fields (worker_id, node_id, ip, state, chips, chips_free, owner,
     # labels, chips_reserved, chips_busy, chips_per_host): called once per host per refresh.
     node = tpu.node
@@ -424,8 +424,9 @@ def _host(tpu: _Tpu, cph: int, held: Counter[str]) -> HostState:
     if not node.get("alive"):
         return HostState(tpu.worker_id, node_id, ip, "dead", total, 0, owner, labels, 0, 0, cph)
     available = _chips((node.get("resources_available") or {}).get("TPU", 0))  # absent: 0
-    reserved = min(sum(held.values()), total) if held else 0
-    free = max(0, min(available, total - reserved))
+    in_jobs = min(sum(n for o, n in held.items() if o in jobs), total) if jobs and held else 0
+    reserved = min(sum(held.values()), total) - in_jobs if held else 0
+    free = max(0, min(available, total - reserved - in_jobs))
     busy = total - reserved - free
     state = "reserved" if reserved else "busy" if busy else "free"
     return HostState(tpu.worker_id, node_id, ip, state, total, free, owner, labels, reserved,
@@ -434,7 +435,7 @@ def _host(tpu: _Tpu, cph: int, held: Counter[str]) -> HostState:
 
 def _build_slice(name: str, members: list[_Tpu], expected: int | None,
                  held: Mapping[str, Counter[str]], locked: set[str],
-                 other: list[OtherNode]) -> SliceState:
+                 other: list[OtherNode], jobs: frozenset[str] = frozenset()) -> SliceState:
     """One slice from the nodes claiming it; extra nodes go to ``other``."""
     reasons: list[str] = []
     votes = Counter((m.shape.version, m.shape.topology) for m in members)
@@ -480,7 +481,8 @@ def _build_slice(name: str, members: list[_Tpu], expected: int | None,
             if m.node.get("alive"):
                 reasons.append(f"labels inconsistent: worker {wid} claimed by several live nodes")
             other.append(_other(m.node, f"duplicate worker {wid} of slice {name!r}"))
-        host = _host(keep, shape.chips_per_host, held.get(keep.node.get("node_id", ""), _NO_BUNDLES))
+        host = _host(keep, shape.chips_per_host, held.get(keep.node.get("node_id", ""), _NO_BUNDLES),
+                     jobs)
         hosts.append(host)
         if host.state == "dead":
             reasons.append(f"worker {wid} dead")
@@ -516,7 +518,8 @@ def _other(node: Mapping[str, Any], reason: str) -> OtherNode:
 
 
 def build_snapshot(raw: Mapping[str, Any], *, reservations: Mapping[str, str] | None = None,
-                   expected_hosts: Mapping[str, int] | None = None) -> ClusterSnapshot:
+                   expected_hosts: Mapping[str, int] | None = None,
+                   jobs: Mapping[str, str] | None = None) -> ClusterSnapshot:
     """Turn raw Ray state into slices, hosts and chips.
 
     Args:
@@ -526,12 +529,15 @@ def build_snapshot(raw: Mapping[str, Any], *, reservations: Mapping[str, str] | 
         expected_hosts: ``{slice name: hosts it should have}``, when known (the emulator knows);
             sets chips per host when Ray's rule disagrees. A slice with no node at all is not
             listed (its shape is unknown).
+        jobs: ``{placement group id: run label}`` of running jobs (e.g. a JaxTrainer run this
+            session launched, ``"run digits"``): their chips count as ``busy`` with that owner
+            rather than ``reserved``.
 
     Returns:
         The :class:`ClusterSnapshot`. Never raises on odd labels: such nodes land in
         ``other_nodes`` with a reason, and their slice is marked degraded.
     """
-    reservations = reservations or {}
+    reservations = {**(reservations or {}), **(jobs or {})}
     expected_hosts = expected_hosts or {}
     held, locked, pending = _bundles_by_node(raw.get("placement_groups") or [], reservations)
     other: list[OtherNode] = []
@@ -545,7 +551,8 @@ def build_snapshot(raw: Mapping[str, Any], *, reservations: Mapping[str, str] | 
             other.append(_other(node, parsed))
         else:
             by_slice[parsed.slice_name].append(parsed)
-    slices = [_build_slice(name, by_slice[name], expected_hosts.get(name), held, locked, other)
-              for name in sorted(by_slice)]
+    job_owners = frozenset(jobs.values()) if jobs else frozenset()
+    slices = [_build_slice(name, by_slice[name], expected_hosts.get(name), held, locked, other,
+                           job_owners) for name in sorted(by_slice)]
     return ClusterSnapshot(fetched_at=float(raw.get("fetched_at") or 0.0), slices=slices,
                            other_nodes=other, head_node_id=head_node_id, pending_owners=pending)

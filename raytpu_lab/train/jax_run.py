@@ -67,7 +67,7 @@ def launch_jax(
     storage_path: str | None = None,
     snapshot: Callable[[], ClusterSnapshot] | None = None,
     on_records: Callable[[list[dict[str, Any]]], None] | None = None,
-    on_placement: Callable[[list[str]], None] | None = None,
+    on_placement: Callable[[list[str], list[str]], None] | None = None,
     poll_interval_s: float = 0.5,
 ) -> RunResult:
     """Run ``train_fn`` with ``JaxTrainer`` on ``num_slices`` slices of ``shape``; block until done.
@@ -83,7 +83,8 @@ def launch_jax(
         snapshot: Returns a cluster snapshot; used to find the slices the run landed on.
         on_records: Called from a background thread with each batch of new records, at most
             every ``poll_interval_s`` seconds (for a live chart).
-        on_placement: Called once from the background thread with the slices the run landed on.
+        on_placement: Called once from the background thread with the slices the run landed on
+            and the ids of the placement groups holding them.
         poll_interval_s: How often the background thread drains reports, seconds.
 
     Returns:
@@ -122,9 +123,9 @@ def launch_jax(
                 if on_records is not None:
                     on_records(batch)
             if snapshot is not None and not result.slice_names:
-                result.slice_names = _new_slices(snapshot(), known_pgs)
+                result.slice_names, pg_ids = _new_slices(snapshot(), known_pgs)
                 if result.slice_names and on_placement is not None:
-                    on_placement(result.slice_names)
+                    on_placement(result.slice_names, pg_ids)
             if stop.is_set():
                 return
             stop.wait(poll_interval_s)
@@ -160,10 +161,12 @@ def _placement_group_ids() -> set[str]:
     return set(ray.util.placement_group_table())
 
 
-def _new_slices(snap: ClusterSnapshot, known_pgs: set[str]) -> list[str]:
-    """Slices held by placement groups that appeared after launch (the run's)."""
-    new_owners = {f"placement group {pg[:8]}" for pg in _placement_group_ids() - known_pgs}
-    return [s.name for s in snap.slices if new_owners & set(s.owners)]
+def _new_slices(snap: ClusterSnapshot, known_pgs: set[str]) -> tuple[list[str], list[str]]:
+    """Slices held by placement groups that appeared after launch (the run's), and those groups."""
+    new = {f"placement group {pg[:8]}": pg for pg in _placement_group_ids() - known_pgs}
+    slices = [s for s in snap.slices if set(new) & set(s.owners)]
+    pg_ids = sorted({new[o] for s in slices for o in s.owners if o in new})
+    return [s.name for s in slices], pg_ids
 
 
 def _worker_error_text(err: TrainingFailedError) -> str:

@@ -42,3 +42,24 @@ def test_map_is_one_widget_fed_by_one_refresher(lab: Lab) -> None:
     first.close()
     assert _until(lambda: not lab.refresher.running)
     assert len(ipywidgets.Widget.widgets) <= widgets_before + 1
+
+
+def test_a_running_jax_run_shows_as_busy_by_its_name(lab: Lab) -> None:
+    seen: list[tuple[str, list[str]]] = []
+
+    def train(config):
+        import time
+
+        import ray.train
+
+        for step in range(4):
+            time.sleep(0.5)
+            ray.train.report({"step": step, "loss": 1.0 / (step + 1)})
+
+    def on_records(_records) -> None:
+        seen.extend((s.state, list(s.owners)) for s in lab.snapshot().slices_of("v6e-16") if s.owners)
+
+    run = lab.train_jax(train, "4x4", "v6e", name="mapjob", on_records=on_records)
+    assert run.steps == 4 and len(run.slice_names) == 1
+    assert ("busy", ["run mapjob"]) in seen, seen
+    assert _until(lambda: all(s.owners == [] for s in lab.snapshot().slices_of("v6e-16")), 15)

@@ -305,3 +305,17 @@ def test_empty_and_sparse_raw_state() -> None:
     snap = build_snapshot({"fetched_at": 0.0, "nodes": [], "placement_groups": []})
     assert (snap.slices, snap.other_nodes, snap.head_node_id, snap.total_chips) == ([], [], None, 0)
     assert build_snapshot({}).slices == []
+
+
+def test_placement_groups_of_known_jobs_count_as_busy_with_the_run_name() -> None:
+    import json
+    from pathlib import Path
+
+    raw = json.loads((Path(__file__).parent / "fixtures" / "raw_v6e_4x4_x2_one_reserved.json").read_text())
+    pg_id = next(pg["placement_group_id"] for pg in raw["placement_groups"] if pg["name"] == "raytpu:a")
+    snap = build_snapshot(raw, jobs={pg_id: "run digits"})
+    held = snap.slice("tpu-v6e-4x4-0")
+    assert held.owners == ["run digits"]
+    assert {h.state for h in held.hosts} == {"busy"}
+    assert held.chips_busy == 16 and held.chips_reserved == 0 and held.state == "busy"
+    assert snap.slice("tpu-v6e-4x4-1").state == "free"
