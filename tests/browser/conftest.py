@@ -1,0 +1,237 @@
+"""A private JupyterLab server on 127.0.0.1 for the real-browser tests.
+
+Everything the server and its kernels touch is fresh and private to one test module: config, data,
+runtime and settings folders, a kernelspec pinned to this venv's Python, and the emulator's state
+root (``RAYTPU_EMULATOR_ROOT``), so a notebook's ``%raytpu up`` never meets another cluster. The
+server makes no network calls of its own: the news/announcements plugin is disabled, update checks
+are off and the extension manager is read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+KERNEL_NAME = "raytpu-browser-venv"
+START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class LabServer:
+    """A running JupyterLab server."""
+
+    url: str  # http://127.0.0.1:<port>
+    token: str
+    root_dir: Path  # notebooks go here
+    emulator_root: Path  # $RAYTPU_EMULATOR_ROOT of the server and its kernels
+    runtime_dir: Path  # kernel connection files (their paths are in each kernel's command line)
+    proc: subprocess.Popen
+    log_path: Path
+
+    def lab_url(self, notebook: str) -> str:
+        return f"{self.url}/lab/tree/{notebook}?reset&token={self.token}"
+
+    def api(self, path: str, method: str = "GET") -> object:
+        req = urllib.request.Request(f"{self.url}{path}", method=method,
+                                     headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            body = resp.read()
+        return json.loads(body) if body else None
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_private_jupyter_dirs(base: Path) -> dict[str, str]:
+    """Kernelspec, lab settings and page config under ``base``; returns the env vars pointing there."""
+    kernel_dir = base / "share" / "kernels" / KERNEL_NAME
+    kernel_dir.mkdir(parents=True)
+    (kernel_dir / "kernel.json").write_text(json.dumps({
+        # This venv's interpreter itself, not whatever "python" is on PATH.
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "raytpu_lab venv (browser test)",
+        "language": "python",
+        "metadata": {"debugger": False},
+    }))
+    config = base / "config"
+    (config / "labconfig").mkdir(parents=True)
+    (config / "labconfig" / "page_config.json").write_text(json.dumps({
+        # No "get official Jupyter news?" toast and no fetch of the news feed.
+        "disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True},
+    }))
+    settings = base / "lab-settings"
+    tracker = settings / "@jupyterlab" / "notebook-extension"
+    tracker.mkdir(parents=True)
+    # Render every cell (no virtual scrolling), so outputs below the fold stay in the DOM.
+    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    for sub in ("data", "runtime", "workspaces"):
+        (base / sub).mkdir()
+    return {
+        "JUPYTER_PATH": str(base / "share"),
+        "JUPYTER_CONFIG_DIR": str(config),
+        "JUPYTER_DATA_DIR": str(base / "data"),
+        "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(settings),
+        "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"),
+        "JUPYTER_PLATFORM_DIRS": "1",
+    }
+
+
+def processes_mentioning(*needles: str) -> list[psutil.Process]:
+    """Live processes whose command line contains any of ``needles`` (never this process)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(p.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if any(n in cmd for n in needles):
+            found.append(p)
+    return found
+
+
+def wait_until_gone(needles: tuple[str, ...], timeout_s: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout_s
+    left = processes_mentioning(*needles)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = processes_mentioning(*needles)
+    return left
+
+
+def _describe(procs: list[psutil.Process]) -> str:
+    out = []
+    for p in procs[:10]:
+        try:
+            out.append(f"{p.pid}: {' '.join(p.cmdline())[:200]}")
+        except psutil.Error:
+            continue
+    return "\n".join(out)
+
+
+def _stop_emulated_clusters(emulator_root: Path, env: dict[str, str]) -> None:
+    """Last resort after a failed test: stop any cluster left under the private state root."""
+    if not emulator_root.is_dir() or not any(emulator_root.iterdir()):
+        return
+    code = ("from raytpu_lab.cluster import emulator as e\n"
+            "root = e.state_root()\n"
+            "for d in root.iterdir():\n"
+            "    c = e.find(d.name) if d.is_dir() else None\n"
+            "    c is not None and c.down()\n")
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, timeout=120,
+                   capture_output=True, check=False)
+
+
+def _kill(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def lab_server() -> Iterator[LabServer]:
+    """JupyterLab on 127.0.0.1:<free port> with a random token; stopped and checked gone afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="raytpu-lab-"))
+    root_dir = base / "notebooks"
+    root_dir.mkdir()
+    # Short on purpose: Ray's Unix socket paths under it must stay below 107 bytes.
+    emulator_root = Path(tempfile.mkdtemp(prefix="rtlab-", dir="/tmp"))
+    env = {**os.environ, **_write_private_jupyter_dirs(base),
+           "RAYTPU_EMULATOR_ROOT": str(emulator_root), "PYTHONUNBUFFERED": "1"}
+    env.pop("JUPYTER_TOKEN", None)
+    token = secrets.token_hex(24)
+    port = _free_port()
+    log_path = base / "jupyterlab.log"
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser",
+           "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+           "--LabApp.extension_manager=readonly",
+           "--ServerApp.terminals_enabled=False"]
+    if os.geteuid() == 0:  # CI containers run as root
+        cmd.append("--allow-root")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=root_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    server = LabServer(url=f"http://127.0.0.1:{port}", token=token, root_dir=root_dir,
+                       emulator_root=emulator_root, runtime_dir=base / "runtime", proc=proc,
+                       log_path=log_path)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert proc.poll() is None, (
+                f"JupyterLab exited with {proc.returncode} while starting:\n{server.log_tail()}")
+            try:
+                status = server.api("/api/status")
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            assert time.monotonic() < deadline, (
+                f"JupyterLab did not answer /api/status within {START_TIMEOUT_S:.0f} s:\n"
+                f"{server.log_tail()}")
+            time.sleep(0.3)
+        assert isinstance(status, dict) and "started" in status, status
+        specs = server.api("/api/kernelspecs")
+        assert isinstance(specs, dict) and KERNEL_NAME in specs["kernelspecs"], (
+            f"kernelspec {KERNEL_NAME} not visible to the server: {sorted(specs['kernelspecs'])}")
+        argv0 = specs["kernelspecs"][KERNEL_NAME]["spec"]["argv"][0]
+        assert argv0 == sys.executable, f"kernel would run {argv0}, not this venv's {sys.executable}"
+        yield server
+    finally:
+        needles = (str(base), str(emulator_root))
+        if proc.poll() is None:
+            try:  # Graceful first: shuts kernels down (their atexit hooks run).
+                server.api("/api/shutdown", method="POST")
+                proc.wait(timeout=20)
+            except (urllib.error.URLError, OSError, subprocess.TimeoutExpired):
+                pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        try:  # Anything still in the server's process group.
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _stop_emulated_clusters(emulator_root, env)
+        leftovers = wait_until_gone(needles, timeout_s=30)
+        _kill(leftovers)
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(emulator_root, ignore_errors=True)
+        assert not leftovers, (
+            "processes of the JupyterLab server, its kernels or its emulated cluster outlived the "
+            f"test (killed now):\n{_describe(leftovers)}")

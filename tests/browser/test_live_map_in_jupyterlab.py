@@ -1,0 +1,373 @@
+"""The live topology map in a real JupyterLab, driven by headless Chromium (Debian's package).
+
+One notebook, run cell by cell as a user would (click into the cell, Shift+Enter): start a 2-slice
+emulated v6e 4x4 cluster, show the live map (8 hosts, 32 chips), reserve a slice in the next cell
+and see its 4 hosts turn reserved on the map within 3 s, click a host and read ``selected`` back in
+Python, save a screenshot to ``build/live_map.png``, and stop the cluster leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import time
+import urllib.error
+from pathlib import Path
+
+import nbformat
+import pytest
+from playwright.sync_api import Locator, Page, sync_playwright
+
+from tests.browser.conftest import KERNEL_NAME, LabServer, processes_mentioning, wait_until_gone
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "build"
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+NOTEBOOK = "live_map.ipynb"
+
+SLICE_NAMES = ("tpu-v6e-4x4-0", "tpu-v6e-4x4-1")
+HOSTS, CHIPS, HOSTS_PER_SLICE, CHIPS_PER_HOST = 8, 32, 4, 4
+RESERVED_WITHIN_S = 3.0
+# An error output: a traceback, or a magic's one-block error ("NoSliceAvailableError: ...").
+ERROR_RE = re.compile(r"(?m)^(Traceback \(most recent call last\)|[A-Za-z_][\w.]*(Error|Exception): )")
+
+# A stand-in for the live map with the same DOM contract (root .raytpu-map; .slice[data-slice]
+# (+ .highlight); .host[data-slice][data-worker][data-state]; .chip[data-state]) and a `selected`
+# trait, fed from the live cluster by a background thread.
+STAND_IN_MAP = r'''
+import threading
+import anywidget, traitlets
+from raytpu_lab import get_lab
+
+class StandInMap(anywidget.AnyWidget):
+    _esm = """
+    const COLORS = {free: "#9ccc65", reserved: "#ffb300", busy: "#e53935", dead: "#555", missing: "#eee"};
+    function render({ model, el }) {
+      const root = document.createElement("div");
+      root.className = "raytpu-map";
+      el.appendChild(root);
+      function draw() {
+        root.replaceChildren();
+        const hi = new Set(model.get("highlight"));
+        for (const s of model.get("slices")) {
+          const g = document.createElement("div");
+          g.className = "slice" + (hi.has(s.name) ? " highlight" : "");
+          g.dataset.slice = s.name;
+          g.style.cssText = "display:inline-block;vertical-align:top;margin:6px;padding:6px;border:3px solid "
+            + (hi.has(s.name) ? "#1e88e5" : "#ccc");
+          g.appendChild(Object.assign(document.createElement("div"), {textContent: s.name}));
+          for (const h of s.hosts) {
+            const hd = document.createElement("div");
+            hd.className = "host";
+            Object.assign(hd.dataset, {slice: s.name, worker: h.worker, state: h.state});
+            hd.title = `${s.name} worker ${h.worker}: ${h.state}`;
+            hd.style.cssText = "display:inline-grid;grid-template-columns:repeat(2,18px);gap:3px;margin:4px;"
+              + "padding:4px;cursor:pointer;border:1px solid #333;background:" + COLORS[h.state];
+            for (const c of h.chips) {
+              const cd = document.createElement("div");
+              cd.className = "chip";
+              cd.dataset.state = c;
+              cd.style.cssText = "width:18px;height:18px;border:1px solid #333;background:" + COLORS[c];
+              hd.appendChild(cd);
+            }
+            hd.addEventListener("click", () => {
+              model.set("selected", {slice: s.name, worker: h.worker, state: h.state});
+              model.save_changes();
+            });
+            g.appendChild(hd);
+          }
+          root.appendChild(g);
+        }
+      }
+      model.on("change:slices", draw);
+      model.on("change:highlight", draw);
+      draw();
+    }
+    export default { render };
+    """
+    slices = traitlets.List().tag(sync=True)
+    highlight = traitlets.List().tag(sync=True)
+    selected = traitlets.Dict().tag(sync=True)
+
+def _rows(snap):
+    rows = []
+    for s in snap.slices:
+        hosts = []
+        for h in s.hosts:
+            n = h.chips_per_host or h.chips
+            rest = h.state if h.state in ("dead", "missing") else "free"
+            chips = (["reserved"] * h.chips_reserved + ["busy"] * h.chips_busy + [rest] * n)[:n]
+            hosts.append({"worker": h.worker_id, "state": h.state, "chips": chips})
+        rows.append({"name": s.name, "hosts": hosts})
+    return rows
+
+def _refresh(w, stop):
+    while not stop.wait(0.3):
+        try:
+            lab = get_lab()
+            w.slices = _rows(lab.snapshot())
+            w.highlight = sorted({n for r in lab.reservations() for n in r.slice_names})
+        except Exception:
+            return
+
+m = StandInMap()
+m.slices = _rows(get_lab().snapshot())
+threading.Thread(target=_refresh, args=(m, threading.Event()), daemon=True).start()
+m
+'''
+
+REAL_MAP = "from raytpu_lab import get_lab\nm = get_lab().map()\nm"
+MAP_CELL = STAND_IN_MAP
+
+CELLS = [
+    "%load_ext raytpu_lab",
+    "%raytpu up --tpu v6e:4x4 --slices 2",
+    MAP_CELL,
+    "%raytpu reserve 4x4 --version v6e --name b1",
+    "print(m.selected)",
+    "%raytpu down",
+]
+LOAD, UP, MAP, RESERVE, SELECTED, DOWN = range(len(CELLS))
+
+
+def _write_notebook(path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "raytpu_lab venv",
+                                 "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nbformat.write(nb, path)
+
+
+class Notebook:
+    """The open notebook in JupyterLab, run one cell at a time like a user."""
+
+    def __init__(self, page: Page, server: LabServer) -> None:
+        self.page = page
+        self.server = server
+        self.panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+
+    def cell(self, i: int) -> Locator:
+        return self.panel.locator(".jp-Notebook .jp-Cell").nth(i)
+
+    def output_text(self, i: int) -> str:
+        return self.cell(i).locator(".jp-OutputArea").inner_text()
+
+    def kernel_state(self) -> str:
+        try:  # Seen once: a 500 from /api/kernels while the kernel was still starting.
+            kernels = self.server.api("/api/kernels")
+        except (urllib.error.URLError, OSError) as e:
+            return f"unknown ({e})"
+        assert isinstance(kernels, list)
+        return ",".join(k.get("execution_state", "?") for k in kernels) or "none"
+
+    def wait_kernel_idle(self, timeout_s: float = 60) -> None:
+        """The toolbar's execution indicator and the server both say idle."""
+        indicator = self.panel.locator(".jp-Notebook-ExecutionIndicator").first
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ui = indicator.get_attribute("data-status") if indicator.count() else None
+            api = self.kernel_state()
+            if ui == "idle" and api == "idle":
+                return
+            assert time.monotonic() < deadline, (
+                f"kernel not idle after {timeout_s:.0f} s (toolbar: {ui}, server: {api})")
+            time.sleep(0.2)
+
+    def prompt(self, i: int) -> str:
+        return self.cell(i).locator(".jp-InputPrompt").inner_text().strip()
+
+    def start(self, i: int) -> str:
+        """Wait for an idle kernel, click into cell ``i`` and press Shift+Enter; returns the old prompt."""
+        self.wait_kernel_idle()
+        before = self.prompt(i)
+        cell = self.cell(i)
+        cell.scroll_into_view_if_needed()
+        cell.locator(".jp-InputArea-editor .cm-content").click()
+        self.page.keyboard.press("Shift+Enter")
+        return before
+
+    def done(self, i: int, before: str) -> bool:
+        now = self.prompt(i)
+        return now != before and re.fullmatch(r"\[\d+\]:", now) is not None
+
+    def wait_done(self, i: int, before: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.done(i, before):
+            assert time.monotonic() < deadline, (
+                f"cell {i} ({CELLS[i].splitlines()[0]!r}) still running after {timeout_s:.0f} s "
+                f"(prompt {self.prompt(i)!r}); output so far:\n{self.output_text(i)[-2000:]}\n"
+                f"server log:\n{self.server.log_tail(2000)}")
+            time.sleep(0.2)
+
+    def error(self, i: int) -> str | None:
+        """The error cell ``i`` printed, if any (JupyterLab renders errors as stderr output)."""
+        stderr = self.cell(i).locator('[data-mime-type="application/vnd.jupyter.stderr"]')
+        for text in stderr.all_inner_texts():
+            if ERROR_RE.search(text):
+                return text
+        return None
+
+    def run(self, i: int, timeout_s: float = 60, *, check: bool = True) -> str:
+        before = self.start(i)
+        self.wait_done(i, before, timeout_s)
+        if check and (err := self.error(i)):
+            raise AssertionError(f"cell {i} ({CELLS[i].splitlines()[0]!r}) failed:\n{err[-3000:]}")
+        return self.output_text(i)
+
+
+def _hosts(map_root: Locator) -> list[tuple[str, str, str]]:
+    return map_root.locator(".host").evaluate_all(
+        "els => els.map(e => [e.dataset.slice, e.dataset.worker, e.dataset.state])")
+
+
+def _chip_states(map_root: Locator) -> list[str]:
+    return map_root.locator(".chip").evaluate_all("els => els.map(e => e.dataset.state)")
+
+
+def _poll(what: str, fn, timeout_s: float, interval_s: float = 0.1):
+    """Call ``fn`` until it returns something truthy; fail with ``what`` and the last value."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = fn()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} (within {timeout_s:g} s); last: {value!r}"
+        time.sleep(interval_s)
+
+
+def test_live_map_in_jupyterlab(lab_server: LabServer) -> None:
+    assert os.path.exists(CHROMIUM), "make test installs Debian's chromium (make browser-deps)"
+    _write_notebook(lab_server.root_dir / NOTEBOOK)
+    BUILD.mkdir(exist_ok=True)
+    page_errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+            try:
+                _drive(page, lab_server)
+            except BaseException:
+                try:
+                    page.screenshot(path=str(BUILD / "live_map_failure.png"), full_page=True)
+                except Exception:  # the failure itself is what matters
+                    pass
+                _print_outputs(page, lab_server, page_errors)
+                raise
+        finally:
+            browser.close()
+
+
+def _print_outputs(page: Page, server: LabServer, page_errors: list[str]) -> None:
+    """After a failure: every cell's output, the page's errors and the server log (captured by pytest)."""
+    nb = Notebook(page, server)
+    for i, src in enumerate(CELLS):
+        try:
+            html = nb.cell(i).locator(".jp-OutputArea").inner_html(timeout=2000)
+            text = nb.output_text(i)
+        except Exception as e:
+            html, text = "", f"<unreadable: {e}>"
+        print(f"--- cell {i}: {src.splitlines()[0]!r}\n{text[-3000:]}\n{html[-1500:]}")
+    print("--- page errors:\n" + "\n".join(page_errors[-10:]))
+    print("--- server log:\n" + server.log_tail(3000))
+
+
+def _drive(page: Page, server: LabServer) -> None:
+    t0 = time.monotonic()
+    page.goto(server.lab_url(NOTEBOOK))
+    nb = Notebook(page, server)
+    nb.cell(len(CELLS) - 1).wait_for(timeout=60_000)
+    nb.wait_kernel_idle(timeout_s=60)
+    sessions = server.api("/api/sessions")
+    assert isinstance(sessions, list) and [s["kernel"]["name"] for s in sessions] == [KERNEL_NAME], (
+        f"the notebook should run on this venv's kernelspec {KERNEL_NAME}: {sessions}")
+
+    nb.run(LOAD, timeout_s=60)
+    nb.run(UP, timeout_s=150, check=False)
+    if (err := nb.error(UP)) and "EmulatorError" in err and "timed out during startup" in err:
+        # Ray nodes starting on a loaded 2-core machine can miss Ray's own startup timeout; that is
+        # the machine, not the map. One more try, said out loud.
+        print(f"%raytpu up failed once, retrying:\n{err[-600:]}")
+        nb.run(UP, timeout_s=150, check=False)
+    assert not (err := nb.error(UP)), f"%raytpu up failed:\n{err[-3000:]}"
+    out = nb.run(MAP, timeout_s=60)
+
+    # The map: 2 slices x 4 hosts x 4 chips, all free.
+    map_root = nb.cell(MAP).locator(".raytpu-map").first
+    _poll("the map cell shows a .raytpu-map", map_root.count, 30)
+    hosts = _poll(f"map shows {HOSTS} hosts", lambda: (h := _hosts(map_root)) and len(h) == HOSTS
+                  and h, 15)
+    assert len(_chip_states(map_root)) == CHIPS, (
+        f"map shows {len(_chip_states(map_root))} chips, expected {CHIPS}; map cell output:\n{out}")
+    assert {s for s, _, _ in hosts} == set(SLICE_NAMES), hosts
+    assert sorted(int(w) for _, w, _ in hosts) == sorted(list(range(HOSTS_PER_SLICE)) * 2), hosts
+    assert {st for _, _, st in hosts} == {"free"}, f"hosts before reserving: {hosts}"
+
+    # Reserve a slice: its 4 hosts turn reserved on the live map within 3 s of the cell finishing.
+    def reserved() -> list[tuple[str, str, str]]:
+        return [h for h in _hosts(map_root) if h[2] == "reserved"]
+
+    before = nb.start(RESERVE)
+    pressed = time.monotonic()
+    seen_at = finished_at = None
+    while seen_at is None or finished_at is None:
+        now = time.monotonic()
+        if seen_at is None and len(reserved()) == HOSTS_PER_SLICE:
+            seen_at = now
+        if finished_at is None and nb.done(RESERVE, before):
+            finished_at = now
+        if finished_at is not None:
+            assert now - finished_at <= RESERVED_WITHIN_S, (
+                f"{RESERVED_WITHIN_S:g} s after the reserve cell finished the map shows "
+                f"{len(reserved())} reserved hosts, expected {HOSTS_PER_SLICE}: {_hosts(map_root)}")
+        assert now - pressed < 120, f"reserve cell still running:\n{nb.output_text(RESERVE)}"
+        time.sleep(0.05)
+    nb.wait_done(RESERVE, before, 1)
+    lag_s = max(0.0, seen_at - finished_at)
+    print(f"reserve: cell took {finished_at - pressed:.2f} s, map reserved "
+          f"{seen_at - pressed:.2f} s after Shift+Enter ({lag_s:.2f} s after the cell finished)")
+    held = reserved()
+    reserved_slice = held[0][0]
+    assert {s for s, _, _ in held} == {reserved_slice}, f"reserved hosts span slices: {held}"
+    assert reserved_slice in nb.output_text(RESERVE), nb.output_text(RESERVE)
+    _poll(f"the map highlights slice {reserved_slice}",
+          lambda: map_root.locator(f'.slice.highlight[data-slice="{reserved_slice}"]').count(),
+          RESERVED_WITHIN_S)
+    chips = _chip_states(map_root)
+    assert chips.count("reserved") == HOSTS_PER_SLICE * CHIPS_PER_HOST, chips
+    other = [h for h in _hosts(map_root) if h[0] != reserved_slice]
+    assert {st for _, _, st in other} == {"free"}, f"the other slice changed too: {other}"
+
+    # Click worker 2 of the reserved slice; `selected` comes back in Python.
+    host = map_root.locator(f'.host[data-slice="{reserved_slice}"][data-worker="2"]')
+    host.scroll_into_view_if_needed()
+    host.click()
+
+    def selected() -> dict | None:
+        text = nb.run(SELECTED, timeout_s=30).strip().splitlines()
+        value = ast.literal_eval(text[-1]) if text else None
+        if isinstance(value, dict) and value.get("slice") == reserved_slice:
+            return value
+        time.sleep(0.3)
+        return None
+
+    value = _poll("print(m.selected) shows the clicked host", selected, 10, 0)
+    assert int(value["worker"]) == 2, value
+
+    map_root.scroll_into_view_if_needed()
+    page.screenshot(path=str(BUILD / "live_map.png"))
+
+    # Stop the cluster: nothing of it may be left running.
+    nb.run(DOWN, timeout_s=120)
+    left = wait_until_gone((str(server.emulator_root),), timeout_s=30)
+    assert not left, (
+        f"emulated-cluster processes left after %raytpu down: "
+        f"{[(p.pid, ' '.join(p.cmdline())[:160]) for p in left]}")
+    assert not processes_mentioning(str(server.emulator_root))
+    print(f"browser test flow: {time.monotonic() - t0:.1f} s")
