@@ -36,93 +36,8 @@ RESERVED_WITHIN_S = 3.0
 # An error output: a traceback, or a magic's one-block error ("NoSliceAvailableError: ...").
 ERROR_RE = re.compile(r"(?m)^(Traceback \(most recent call last\)|[A-Za-z_][\w.]*(Error|Exception): )")
 
-# A stand-in for the live map with the same DOM contract (root .raytpu-map; .slice[data-slice]
-# (+ .highlight); .host[data-slice][data-worker][data-state]; .chip[data-state]) and a `selected`
-# trait, fed from the live cluster by a background thread.
-STAND_IN_MAP = r'''
-import threading
-import anywidget, traitlets
-from raytpu_lab import get_lab
-
-class StandInMap(anywidget.AnyWidget):
-    _esm = """
-    const COLORS = {free: "#9ccc65", reserved: "#ffb300", busy: "#e53935", dead: "#555", missing: "#eee"};
-    function render({ model, el }) {
-      const root = document.createElement("div");
-      root.className = "raytpu-map";
-      el.appendChild(root);
-      function draw() {
-        root.replaceChildren();
-        const hi = new Set(model.get("highlight"));
-        for (const s of model.get("slices")) {
-          const g = document.createElement("div");
-          g.className = "slice" + (hi.has(s.name) ? " highlight" : "");
-          g.dataset.slice = s.name;
-          g.style.cssText = "display:inline-block;vertical-align:top;margin:6px;padding:6px;border:3px solid "
-            + (hi.has(s.name) ? "#1e88e5" : "#ccc");
-          g.appendChild(Object.assign(document.createElement("div"), {textContent: s.name}));
-          for (const h of s.hosts) {
-            const hd = document.createElement("div");
-            hd.className = "host";
-            Object.assign(hd.dataset, {slice: s.name, worker: h.worker, state: h.state});
-            hd.title = `${s.name} worker ${h.worker}: ${h.state}`;
-            hd.style.cssText = "display:inline-grid;grid-template-columns:repeat(2,18px);gap:3px;margin:4px;"
-              + "padding:4px;cursor:pointer;border:1px solid #333;background:" + COLORS[h.state];
-            for (const c of h.chips) {
-              const cd = document.createElement("div");
-              cd.className = "chip";
-              cd.dataset.state = c;
-              cd.style.cssText = "width:18px;height:18px;border:1px solid #333;background:" + COLORS[c];
-              hd.appendChild(cd);
-            }
-            hd.addEventListener("click", () => {
-              model.set("selected", {slice: s.name, worker: h.worker, state: h.state});
-              model.save_changes();
-            });
-            g.appendChild(hd);
-          }
-          root.appendChild(g);
-        }
-      }
-      model.on("change:slices", draw);
-      model.on("change:highlight", draw);
-      draw();
-    }
-    export default { render };
-    """
-    slices = traitlets.List().tag(sync=True)
-    highlight = traitlets.List().tag(sync=True)
-    selected = traitlets.Dict().tag(sync=True)
-
-def _rows(snap):
-    rows = []
-    for s in snap.slices:
-        hosts = []
-        for h in s.hosts:
-            n = h.chips_per_host or h.chips
-            rest = h.state if h.state in ("dead", "missing") else "free"
-            chips = (["reserved"] * h.chips_reserved + ["busy"] * h.chips_busy + [rest] * n)[:n]
-            hosts.append({"worker": h.worker_id, "state": h.state, "chips": chips})
-        rows.append({"name": s.name, "hosts": hosts})
-    return rows
-
-def _refresh(w, stop):
-    while not stop.wait(0.3):
-        try:
-            lab = get_lab()
-            w.slices = _rows(lab.snapshot())
-            w.highlight = sorted({n for r in lab.reservations() for n in r.slice_names})
-        except Exception:
-            return
-
-m = StandInMap()
-m.slices = _rows(get_lab().snapshot())
-threading.Thread(target=_refresh, args=(m, threading.Event()), daemon=True).start()
-m
-'''
-
-REAL_MAP = "from raytpu_lab import get_lab\nm = get_lab().map()\nm"
-MAP_CELL = STAND_IN_MAP
+# The session's live map (raytpu_lab.widgets.topology_map.TopologyMap), displayed by the cell.
+MAP_CELL = "from raytpu_lab import get_lab\nm = get_lab().map()\nm"
 
 CELLS = [
     "%load_ext raytpu_lab",
@@ -252,7 +167,7 @@ def test_live_map_in_jupyterlab(lab_server: LabServer) -> None:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.on("pageerror", lambda e: page_errors.append(str(e)))
             try:
-                _drive(page, lab_server)
+                _drive(page, lab_server, page_errors)
             except BaseException:
                 try:
                     page.screenshot(path=str(BUILD / "live_map_failure.png"), full_page=True)
@@ -278,8 +193,13 @@ def _print_outputs(page: Page, server: LabServer, page_errors: list[str]) -> Non
     print("--- server log:\n" + server.log_tail(3000))
 
 
-def _drive(page: Page, server: LabServer) -> None:
+def _drive(page: Page, server: LabServer, page_errors: list[str]) -> None:
     t0 = time.monotonic()
+    steps: dict[str, float] = {}
+
+    def step(name: str) -> None:
+        steps[name] = round(time.monotonic() - t0 - sum(steps.values()), 1)
+
     page.goto(server.lab_url(NOTEBOOK))
     nb = Notebook(page, server)
     nb.cell(len(CELLS) - 1).wait_for(timeout=60_000)
@@ -287,6 +207,7 @@ def _drive(page: Page, server: LabServer) -> None:
     sessions = server.api("/api/sessions")
     assert isinstance(sessions, list) and [s["kernel"]["name"] for s in sessions] == [KERNEL_NAME], (
         f"the notebook should run on this venv's kernelspec {KERNEL_NAME}: {sessions}")
+    step("open notebook")
 
     nb.run(LOAD, timeout_s=60)
     nb.run(UP, timeout_s=150, check=False)
@@ -296,6 +217,7 @@ def _drive(page: Page, server: LabServer) -> None:
         print(f"%raytpu up failed once, retrying:\n{err[-600:]}")
         nb.run(UP, timeout_s=150, check=False)
     assert not (err := nb.error(UP)), f"%raytpu up failed:\n{err[-3000:]}"
+    step("load + up")
     out = nb.run(MAP, timeout_s=60)
 
     # The map: 2 slices x 4 hosts x 4 chips, all free.
@@ -308,6 +230,7 @@ def _drive(page: Page, server: LabServer) -> None:
     assert {s for s, _, _ in hosts} == set(SLICE_NAMES), hosts
     assert sorted(int(w) for _, w, _ in hosts) == sorted(list(range(HOSTS_PER_SLICE)) * 2), hosts
     assert {st for _, _, st in hosts} == {"free"}, f"hosts before reserving: {hosts}"
+    step("map")
 
     # Reserve a slice: its 4 hosts turn reserved on the live map within 3 s of the cell finishing.
     def reserved() -> list[tuple[str, str, str]]:
@@ -348,26 +271,39 @@ def _drive(page: Page, server: LabServer) -> None:
     host = map_root.locator(f'.host[data-slice="{reserved_slice}"][data-worker="2"]')
     host.scroll_into_view_if_needed()
     host.click()
+    _poll("the clicked host is drawn as selected",
+          lambda: map_root.locator(f'.host.selected[data-slice="{reserved_slice}"]'
+                                   f'[data-worker="2"]').count(), 3)
 
     def selected() -> dict | None:
-        text = nb.run(SELECTED, timeout_s=30).strip().splitlines()
-        value = ast.literal_eval(text[-1]) if text else None
+        lines = nb.run(SELECTED, timeout_s=30).strip().splitlines()
+        try:
+            value = ast.literal_eval(lines[-1]) if lines else None
+        except (ValueError, SyntaxError):
+            value = None
         if isinstance(value, dict) and value.get("slice") == reserved_slice:
             return value
         time.sleep(0.3)
         return None
 
     value = _poll("print(m.selected) shows the clicked host", selected, 10, 0)
-    assert int(value["worker"]) == 2, value
+    assert int(value["worker"]) == 2, f"clicked worker 2 of {reserved_slice}, Python got {value}"
+    step("reserve + click")
 
-    map_root.scroll_into_view_if_needed()
+    nb.cell(MAP).evaluate("e => e.scrollIntoView({block: 'start'})")
     page.screenshot(path=str(BUILD / "live_map.png"))
 
     # Stop the cluster: nothing of it may be left running.
+    cluster_procs = processes_mentioning(str(server.emulator_root))
+    assert cluster_procs, f"no process mentions {server.emulator_root}: the check below would be void"
     nb.run(DOWN, timeout_s=120)
     left = wait_until_gone((str(server.emulator_root),), timeout_s=30)
     assert not left, (
         f"emulated-cluster processes left after %raytpu down: "
         f"{[(p.pid, ' '.join(p.cmdline())[:160]) for p in left]}")
-    assert not processes_mentioning(str(server.emulator_root))
-    print(f"browser test flow: {time.monotonic() - t0:.1f} s")
+    _poll("the map says it is disconnected after %raytpu down",
+          lambda: "disconnected" in map_root.locator(".raytpu-map-status").inner_text(), 5)
+    step("down")
+    assert not page_errors, f"uncaught errors in the page: {page_errors[-5:]}"
+    print(f"browser test: {len(cluster_procs)} cluster processes before down, none after; "
+          f"steps (s): {steps}; flow {time.monotonic() - t0:.1f} s")
