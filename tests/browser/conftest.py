@@ -197,9 +197,10 @@ def lab_server() -> Iterator[LabServer]:
                 break
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
-            assert time.monotonic() < deadline, (
-                f"JupyterLab did not answer /api/status within {START_TIMEOUT_S:.0f} s:\n"
-                f"{server.log_tail()}")
+            if time.monotonic() >= deadline:
+                raise AssertionError(
+                    f"JupyterLab did not answer /api/status within {START_TIMEOUT_S:.0f} s:\n"
+                    f"{server.log_tail()}")
             time.sleep(0.3)
         assert isinstance(status, dict) and "started" in status, status
         specs = server.api("/api/kernelspecs")

@@ -21,7 +21,7 @@ from playwright.sync_api import Locator, Page, sync_playwright
 
 from tests.browser.conftest import KERNEL_NAME, LabServer, processes_mentioning, wait_until_gone
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build"
@@ -90,8 +90,9 @@ class Notebook:
             api = self.kernel_state()
             if ui == "idle" and api == "idle":
                 return
-            assert time.monotonic() < deadline, (
-                f"kernel not idle after {timeout_s:.0f} s (toolbar: {ui}, server: {api})")
+            if time.monotonic() >= deadline:
+                raise AssertionError(
+                    f"kernel not idle after {timeout_s:.0f} s (toolbar: {ui}, server: {api})")
             time.sleep(0.2)
 
     def prompt(self, i: int) -> str:
@@ -114,10 +115,11 @@ class Notebook:
     def wait_done(self, i: int, before: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while not self.done(i, before):
-            assert time.monotonic() < deadline, (
-                f"cell {i} ({CELLS[i].splitlines()[0]!r}) still running after {timeout_s:.0f} s "
-                f"(prompt {self.prompt(i)!r}); output so far:\n{self.output_text(i)[-2000:]}\n"
-                f"server log:\n{self.server.log_tail(2000)}")
+            if time.monotonic() >= deadline:
+                raise AssertionError(
+                    f"cell {i} ({CELLS[i].splitlines()[0]!r}) still running after {timeout_s:.0f} s "
+                    f"(prompt {self.prompt(i)!r}); output so far:\n{self.output_text(i)[-2000:]}\n"
+                    f"server log:\n{self.server.log_tail(2000)}")
             time.sleep(0.2)
 
     def error(self, i: int) -> str | None:
@@ -145,14 +147,15 @@ def _chip_states(map_root: Locator) -> list[str]:
     return map_root.locator(".chip").evaluate_all("els => els.map(e => e.dataset.state)")
 
 
-def _poll(what: str, fn, timeout_s: float, interval_s: float = 0.1):
-    """Call ``fn`` until it returns something truthy; fail with ``what`` and the last value."""
+def _poll(what: str, fn, timeout_s: float, interval_s: float = 0.1, ok=bool):
+    """Call ``fn`` until ``ok(value)``; return the value, or fail with ``what`` and the last value."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = fn()
-        if value:
+        if ok(value):
             return value
-        assert time.monotonic() < deadline, f"{what} (within {timeout_s:g} s); last: {value!r}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} (within {timeout_s:g} s); last: {value!r}")
         time.sleep(interval_s)
 
 
@@ -223,8 +226,8 @@ def _drive(page: Page, server: LabServer, page_errors: list[str]) -> None:
     # The map: 2 slices x 4 hosts x 4 chips, all free.
     map_root = nb.cell(MAP).locator(".raytpu-map").first
     _poll("the map cell shows a .raytpu-map", map_root.count, 30)
-    hosts = _poll(f"map shows {HOSTS} hosts", lambda: (h := _hosts(map_root)) and len(h) == HOSTS
-                  and h, 15)
+    hosts = _poll(f"the map shows {HOSTS} hosts", lambda: _hosts(map_root), 15,
+                  ok=lambda h: len(h) == HOSTS)
     assert len(_chip_states(map_root)) == CHIPS, (
         f"map shows {len(_chip_states(map_root))} chips, expected {CHIPS}; map cell output:\n{out}")
     assert {s for s, _, _ in hosts} == set(SLICE_NAMES), hosts
@@ -302,7 +305,8 @@ def _drive(page: Page, server: LabServer, page_errors: list[str]) -> None:
         f"emulated-cluster processes left after %raytpu down: "
         f"{[(p.pid, ' '.join(p.cmdline())[:160]) for p in left]}")
     _poll("the map says it is disconnected after %raytpu down",
-          lambda: "disconnected" in map_root.locator(".raytpu-map-status").inner_text(), 5)
+          lambda: map_root.locator(".raytpu-map-status").inner_text(), 5,
+          ok=lambda text: "disconnected" in text)
     step("down")
     assert not page_errors, f"uncaught errors in the page: {page_errors[-5:]}"
     print(f"browser test: {len(cluster_procs)} cluster processes before down, none after; "
