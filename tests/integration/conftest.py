@@ -6,6 +6,7 @@ small ones, so label derivation is checked for each: 13 TPU hosts and a head.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -51,6 +52,16 @@ def lab(cluster: emulator.EmulatedCluster, monkeypatch: pytest.MonkeyPatch) -> I
     yield session
     for res in session.reservations():
         res.release()
+
+
+def wait_until(predicate, timeout_s: float = 10.0) -> bool:
+    """Poll ``predicate`` every 50 ms until it is true or ``timeout_s`` seconds pass."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return bool(predicate())
 
 
 def live_placement_groups() -> list[dict]:

@@ -9,14 +9,7 @@ import ipywidgets
 
 from raytpu_lab.lab import Lab
 
-
-def _until(predicate, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+from .conftest import wait_until
 
 
 def test_map_is_one_widget_fed_by_one_refresher(lab: Lab) -> None:
@@ -33,14 +26,14 @@ def test_map_is_one_widget_fed_by_one_refresher(lab: Lab) -> None:
     res = lab.reserve("4x4", "v6e", name="mapped")
     assert set(first.highlight) == set(res.slice_names)
     held = res.slice_names[0]
-    assert _until(lambda: first.snapshot is not None and first.snapshot.slice(held).state == "reserved")
+    assert wait_until(lambda: first.snapshot is not None and first.snapshot.slice(held).state == "reserved")
     deltas = [m for m in sent if m.get("type") == "delta"]
     assert deltas and all(len(str(m)) < 4096 for m in deltas)
     lab.release("mapped")
-    assert _until(lambda: first.snapshot.slice(held).state == "free")
+    assert wait_until(lambda: first.snapshot.slice(held).state == "free")
 
     first.close()
-    assert _until(lambda: not lab.refresher.running)
+    assert wait_until(lambda: not lab.refresher.running)
     assert len(ipywidgets.Widget.widgets) <= widgets_before + 1
 
 
@@ -48,7 +41,6 @@ def test_a_running_jax_run_shows_as_busy_by_its_name(lab: Lab) -> None:
     seen: list[tuple[str, list[str]]] = []
 
     def train(config):
-        import time
 
         import ray.train
 
@@ -62,4 +54,4 @@ def test_a_running_jax_run_shows_as_busy_by_its_name(lab: Lab) -> None:
     run = lab.train_jax(train, "4x4", "v6e", name="mapjob", on_records=on_records)
     assert run.steps == 4 and len(run.slice_names) == 1
     assert ("busy", ["run mapjob"]) in seen, seen
-    assert _until(lambda: all(s.owners == [] for s in lab.snapshot().slices_of("v6e-16")), 15)
+    assert wait_until(lambda: all(s.owners == [] for s in lab.snapshot().slices_of("v6e-16")), 15)

@@ -10,16 +10,7 @@ import ray
 from raytpu_lab.errors import InvalidTopologyError, NoSliceAvailableError, ReservationError
 from raytpu_lab.lab import Lab
 
-from .conftest import live_placement_groups
-
-
-def _wait_until(predicate, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()
+from .conftest import live_placement_groups, wait_until
 
 
 def test_two_reservations_take_both_slices_and_a_third_fails_cleanly(lab: Lab) -> None:
@@ -36,7 +27,7 @@ def test_two_reservations_take_both_slices_and_a_third_fails_cleanly(lab: Lab) -
         assert {node_slice[n] for n in nodes} == set(res.slice_names)
         assert all(bundle["TPU"] == 4 for bundle in table["bundles"].values())
 
-    assert _wait_until(lambda: {s.state for s in lab.snapshot().slices_of("v6e-16")} == {"reserved"})
+    assert wait_until(lambda: {s.state for s in lab.snapshot().slices_of("v6e-16")} == {"reserved"})
     before = len(live_placement_groups())
     start = time.monotonic()
     with pytest.raises(NoSliceAvailableError) as info:
@@ -52,7 +43,7 @@ def test_two_reservations_take_both_slices_and_a_third_fails_cleanly(lab: Lab) -
     lab.release("a")
     lab.release("b")
     assert not [pg for pg in live_placement_groups() if pg["name"].startswith("raytpu:")]
-    assert _wait_until(lambda: len(lab.snapshot().idle_slices("v6e-16")) == 2)
+    assert wait_until(lambda: len(lab.snapshot().idle_slices("v6e-16")) == 2)
 
 
 def test_more_slices_than_the_cluster_has_fail_at_once(lab: Lab) -> None:

@@ -216,3 +216,37 @@ def test_pod_scale_delta_is_small() -> None:
         assert len(json.dumps(delta)) < 2_000
     finally:
         m.close()
+
+
+def test_mixed_cluster_renders_every_generation_and_sets_odd_nodes_aside() -> None:
+    import copy
+    import json
+    import xml.etree.ElementTree as ET
+    from pathlib import Path
+
+    from raytpu_lab.state import build_snapshot
+    from raytpu_lab.widgets.svg import render_svg
+
+    raw = json.loads((Path(__file__).parent / "fixtures" / "raw_v6e_4x4_x2_idle.json").read_text())
+    tpu = next(n for n in raw["nodes"] if n["labels"].get("ray.io/tpu-worker-id") == "0")
+    v4 = copy.deepcopy(tpu)
+    v4.update(node_id="v4" * 28, labels={
+        "ray.io/tpu-slice-name": "tpu-v4-2x2x1-0", "ray.io/tpu-worker-id": "0",
+        "ray.io/tpu-topology": "2x2x1", "ray.io/tpu-pod-type": "v4-8",
+        "ray.io/accelerator-type": "TPU-V4"},
+        resources_total={"TPU": 4.0, "TPU-v4-8-head": 1.0}, resources_available={"TPU": 4.0})
+    gpu = {"node_id": "g" * 56, "alive": True, "ip": "10.0.0.9", "is_head": False,
+           "labels": {"ray.io/accelerator-type": "A100"}, "resources_total": {"GPU": 8.0},
+           "resources_available": {"GPU": 8.0}}
+    unknown = copy.deepcopy(tpu)
+    unknown.update(node_id="u" * 56, labels={**tpu["labels"], "ray.io/tpu-pod-type": "v9-16",
+                                             "ray.io/tpu-slice-name": "odd-0"})
+    raw["nodes"] += [v4, gpu, unknown]
+    snap = build_snapshot(raw)
+    assert {s.pod_type for s in snap.slices} == {"v6e-16", "v4-8"}
+    assert {n.node_id for n in snap.other_nodes} >= {"g" * 56, "u" * 56}
+    live = TopologyMap(snap)
+    names = [s["name"] for s in live.geometry["slices"]]
+    assert names == sorted(["tpu-v4-2x2x1-0", "tpu-v6e-4x4-0", "tpu-v6e-4x4-1"])
+    ET.fromstring(render_svg(snap))
+    live.close()

@@ -1,0 +1,36 @@
+"""A host dies under a live map (runs last: it breaks the session cluster's v4 slice for good)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from raytpu_lab.cluster import emulator
+from raytpu_lab.errors import NoSliceAvailableError
+from raytpu_lab.lab import Lab
+
+from .conftest import live_placement_groups, wait_until
+
+
+def test_a_slice_that_loses_a_host_is_degraded_on_the_map_and_not_handed_out(
+        lab: Lab, cluster: emulator.EmulatedCluster) -> None:
+    live_map = lab.map(interval_s=0.3)
+    victim = next(h for h in cluster.hosts if h.slice_name == "tpu-v4-2x2x2-0" and h.worker_id == 1)
+    os.killpg(victim.pid, signal.SIGKILL)
+
+    def degraded() -> bool:
+        snap = live_map.snapshot
+        return snap is not None and snap.slice("tpu-v4-2x2x2-0").health == "degraded"
+
+    assert wait_until(degraded, timeout_s=60), "the map never showed the slice degraded"
+    broken = live_map.snapshot.slice("tpu-v4-2x2x2-0")
+    assert any("worker 1" in reason for reason in broken.reasons), broken.reasons
+    assert broken.hosts[1].state in ("dead", "missing")
+    assert live_map.snapshot.slice("tpu-v6e-4x4-0").health == "intact"
+
+    with pytest.raises(NoSliceAvailableError, match="degraded: worker 1"):
+        lab.reserve("2x2x2", "v4", timeout_s=2)
+    assert not live_placement_groups()
+    live_map.close()
