@@ -139,14 +139,13 @@ def launch_jax(
         result.ray_result = ray_result
         result.storage_path = getattr(ray_result, "path", "") or ""
         error = getattr(ray_result, "error", None)
-        if isinstance(error, BaseException):
-            raise error
+        if isinstance(error, TrainingFailedError):
+            result.error = _worker_error_text(error)
     except TrainingFailedError as err:
+        # Keep only the text: the exception's traceback reaches Ray Train's controller handle,
+        # and a kept handle (e.g. through IPython's sys.last_traceback) keeps the controller
+        # and its helper actors alive after the run.
         result.error = _worker_error_text(err)
-        raise TrainingError(
-            f"Training run {name!r} failed on its workers.",
-            why=result.error, fix="Fix the training function and run the cell again; "
-            "the slices were freed.", run_name=name, worker_error=result.error) from None
     finally:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, previous_sigint)  # Ray Train's fit() installs its own
@@ -154,6 +153,11 @@ def launch_jax(
         stop.set()
         poller.join(timeout=10)
         _shutdown_queue(queue)
+    if result.error is not None:
+        raise TrainingError(
+            f"Training run {name!r} failed on its workers.",
+            why=result.error, fix="Fix the training function and run the cell again; "
+            "the slices were freed.", run_name=name, worker_error=result.error)
     return result
 
 
