@@ -17,6 +17,7 @@ from raytpu_lab.errors import (
     NotConnectedError,
     RaytpuError,
     ReservationError,
+    TrainingConfigError,
     TrainingError,
 )
 
@@ -31,6 +32,7 @@ __all__ = [
     "NotConnectedError",
     "RaytpuError",
     "ReservationError",
+    "TrainingConfigError",
     "TrainingError",
     "get_lab",
     "load_ipython_extension",
