@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
-def quickstart_build(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def quickstart_build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """Run the quickstart notebook headless once, as `make demo` does (its own emulated cluster).
 
     Returns ``{"out": folder with quickstart.ipynb/.html, "result": the RESULT dict, "log": text}``.
@@ -31,5 +33,6 @@ def quickstart_build(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert proc.returncode == 0, log[-4000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("RESULT "), log[-4000:]
-    return {"out": out, "emulators": emulators, "log": log,
-            "result": json.loads(last[len("RESULT "):])}
+    yield {"out": out, "emulators": emulators, "log": log,
+           "result": json.loads(last[len("RESULT "):])}
+    shutil.rmtree(emulators, ignore_errors=True)
