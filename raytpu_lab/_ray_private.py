@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["available_resources_per_node", "valid_tpu_topologies", "ensure_auth_token", "enable_token_auth"]
+__all__ = ["available_resources_per_node", "ensure_auth_token", "enable_token_auth"]
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
@@ -20,13 +20,6 @@ def available_resources_per_node() -> dict[str, dict[str, float]]:
 
     result: dict[str, dict[str, Any]] = state.available_resources_per_node()
     return result
-
-
-def valid_tpu_topologies() -> dict[str, set[str]]:
-    """Ray's own table of valid topologies per accelerator version (``VALID_TPU_TOPOLOGY``)."""
-    from ray._private.accelerators import tpu
-
-    return {k: set(v) for k, v in tpu.VALID_TPU_TOPOLOGY.items()}
 
 
 def ensure_auth_token() -> None:
