@@ -31,7 +31,7 @@ from raytpu_lab.reserve import Reservation, diagnose, reserve
 from raytpu_lab.state.fetch import fetch_raw_state
 from raytpu_lab.state.model import ClusterSnapshot, build_snapshot
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
-from raytpu_lab.train.jax_run import RunResult, launch_jax
+from raytpu_lab.train.launch import RunResult, launch_jax
 from raytpu_lab.widgets.status import StatusView
 from raytpu_lab.widgets.topology_map import TopologyMap
 

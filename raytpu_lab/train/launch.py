@@ -1,8 +1,8 @@
-"""Launching Ray Train's ``JaxTrainer`` on TPU slices and streaming what workers report.
+"""Launching Ray Train runs on TPU slices and streaming what workers report.
 
-The run is plain Ray Train: ``JaxTrainer(ScalingConfig(use_tpu=True, topology=..., accelerator_type=...,
-num_workers=hosts x slices))``; Ray reserves the slices with its ``SlicePlacementGroup`` and
-initialises ``jax.distributed``. We only add a :class:`ray.train.UserCallback` that forwards every
+The runs are plain Ray Train: ``JaxTrainer`` (one worker per host) or ``TorchTrainer`` (one worker per
+chip), each with ``ScalingConfig(use_tpu=True, topology=..., accelerator_type=...)``; Ray reserves the
+slices with its ``SlicePlacementGroup`` (and, for JAX, initialises ``jax.distributed``). We only add a :class:`ray.train.UserCallback` that forwards every
 ``ray.train.report`` (all ranks) to a small queue actor, which a background thread in the notebook
 drains for the live chart, and we find which slices the run landed on from the cluster snapshot.
 
@@ -33,10 +33,13 @@ from raytpu_lab.state.model import ClusterSnapshot
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.result import RunResult
 
-__all__ = ["RunResult", "launch_jax", "REPORT_INTERVAL_S"]
+__all__ = ["RunResult", "TrainerFactory", "launch_jax", "launch_run", "REPORT_INTERVAL_S"]
 
 REPORT_INTERVAL_S = 0.5
 _HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+
+#: Builds the Ray Train trainer for a run from the callbacks it must carry in its ``RunConfig``.
+TrainerFactory = Callable[[list[UserCallback]], Any]
 
 
 class _StreamReports(UserCallback):
@@ -72,14 +75,52 @@ def launch_jax(
 ) -> RunResult:
     """Run ``train_fn`` with ``JaxTrainer`` on ``num_slices`` slices of ``shape``; block until done.
 
+    ``JaxTrainer(ScalingConfig(use_tpu=True, topology, accelerator_type, num_workers=hosts x
+    slices))``: one worker per TPU host. See :func:`launch_run` for the other arguments, the
+    result and the errors.
+
     Args:
         train_fn: The per-worker training function, ``train_fn(config)`` or ``train_fn()``; it
             calls ``ray.train.report(metrics)`` to report (every rank must call it equally often).
+        config: Passed to ``train_fn`` as ``train_loop_config``.
+        storage_path: Ray Train's storage (local dir or ``gs://``); Ray's default if ``None``.
+    """
+
+    def make_trainer(callbacks: list[UserCallback]) -> JaxTrainer:
+        return JaxTrainer(
+            train_fn,
+            train_loop_config=config,
+            scaling_config=ScalingConfig(
+                use_tpu=True, topology=shape.topology, accelerator_type=shape.accelerator_type,
+                num_workers=shape.num_hosts * num_slices),
+            run_config=RunConfig(name=name, storage_path=storage_path,
+                                 callbacks=callbacks),  # type: ignore[arg-type]
+        )
+
+    return launch_run(make_trainer, shape, name=name, num_slices=num_slices, snapshot=snapshot,
+                      on_records=on_records, on_placement=on_placement,
+                      poll_interval_s=poll_interval_s)
+
+
+def launch_run(
+    make_trainer: TrainerFactory,
+    shape: SliceShape,
+    *,
+    name: str,
+    num_slices: int = 1,
+    snapshot: Callable[[], ClusterSnapshot] | None = None,
+    on_records: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_placement: Callable[[list[str], list[str]], None] | None = None,
+    poll_interval_s: float = 0.5,
+) -> RunResult:
+    """Build a Ray Train trainer with our report-streaming callback, ``fit()`` it, collect the result.
+
+    Args:
+        make_trainer: Returns the trainer (``JaxTrainer``, ``TorchTrainer``...) given the callbacks
+            to put in its ``RunConfig(callbacks=...)``; its run must be named ``name``.
         shape: Generation and topology of each slice.
         name: Run name.
         num_slices: Slices to train on (multi-slice when > 1).
-        config: Passed to ``train_fn`` as ``train_loop_config``.
-        storage_path: Ray Train's storage (local dir or ``gs://``); Ray's default if ``None``.
         snapshot: Returns a cluster snapshot; used to find the slices the run landed on.
         on_records: Called from a background thread with each batch of new records, at most
             every ``poll_interval_s`` seconds (for a live chart).
@@ -99,15 +140,7 @@ def launch_jax(
     queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
     result = RunResult(name=name, shape=shape, num_slices=num_slices)
     known_pgs = _placement_group_ids()
-    trainer = JaxTrainer(
-        train_fn,
-        train_loop_config=config,
-        scaling_config=ScalingConfig(
-            use_tpu=True, topology=shape.topology, accelerator_type=shape.accelerator_type,
-            num_workers=shape.num_hosts * num_slices),
-        run_config=RunConfig(name=name, storage_path=storage_path,
-                             callbacks=[_StreamReports(queue)]),  # type: ignore[list-item]
-    )
+    trainer = make_trainer([_StreamReports(queue)])
     stop = threading.Event()
 
     def drain() -> None:
