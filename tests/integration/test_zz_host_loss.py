@@ -30,7 +30,13 @@ def test_a_slice_that_loses_a_host_is_degraded_on_the_map_and_not_handed_out(
     assert broken.hosts[1].state in ("dead", "missing")
     assert live_map.snapshot.slice("tpu-v6e-4x4-0").health == "intact"
 
+    # Three v4 slices, one degraded: asking for all three fails and names the broken one; the
+    # two intact ones are still handed out, never the degraded one.
     with pytest.raises(NoSliceAvailableError, match="degraded: worker 1"):
-        lab.reserve("2x2x2", "v4", timeout_s=2)
+        lab.reserve("2x2x2", "v4", slices=3, timeout_s=2)
+    assert not live_placement_groups()
+    held = lab.reserve("2x2x2", "v4", slices=2, timeout_s=30)
+    assert "tpu-v4-2x2x2-0" not in held.slice_names
+    lab.release(held.name)
     assert not live_placement_groups()
     live_map.close()
