@@ -1,0 +1,118 @@
+"""``raytpu``: the emulator and the cluster view from a shell.
+
+For the steps that do not belong in a notebook: start an emulated TPU cluster that outlives one
+kernel (several notebooks or scripts can then ``%raytpu connect`` to it), list and stop clusters, and
+print a cluster's slices as text. Everything else lives in the notebook (``%raytpu``) and the Python
+API (:class:`raytpu_lab.lab.Lab`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from raytpu_lab.errors import RaytpuError
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raytpu", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    up = sub.add_parser("up", help="start an emulated TPU cluster and leave it running")
+    up.add_argument("--tpu", action="append", metavar="V:TOPO",
+                    help="slice shape, e.g. v6e:4x4 or v4:2x2x2; repeat for several shapes "
+                         "(default v6e:4x4)")
+    up.add_argument("--slices", type=int, default=2, help="slices of each shape (default 2)")
+    up.add_argument("--name", default=None, help="cluster name (default raytpu)")
+
+    down = sub.add_parser("down", help="stop an emulated cluster")
+    down.add_argument("--name", default=None, help="cluster name (default raytpu)")
+
+    sub.add_parser("list", help="list running emulated clusters")
+
+    status = sub.add_parser("status", help="print a cluster's slices, hosts and chips")
+    status.add_argument("address", nargs="?",
+                        help="GCS address HOST:PORT (default: the running emulated cluster)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``raytpu`` command line; returns the process exit status (0 ok, 1 error).
+
+    Errors users can cause print their what / why / what-to-do block on stderr, no traceback.
+    """
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except RaytpuError as err:
+        print(str(err), file=sys.stderr)
+        return 1
+
+
+def _up(args: argparse.Namespace) -> int:
+    from raytpu_lab.cluster import emulator
+
+    specs = [(spec, args.slices) for spec in (args.tpu or ["v6e:4x4"])]
+    cluster = emulator.up(specs, name=args.name or emulator.DEFAULT_NAME)
+    print(f"Emulated cluster {cluster.name!r}: {len(cluster.hosts)} TPU hosts at {cluster.address}")
+    print(f"  dashboard  {cluster.dashboard_url}")
+    print(f"  notebook   %raytpu connect {cluster.address}")
+    print(f"  stop       raytpu down --name {cluster.name}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from raytpu_lab.cluster import emulator
+
+    name = args.name or emulator.DEFAULT_NAME
+    cluster = emulator.find(name)
+    if cluster is None:
+        print(f"No emulated cluster named {name!r} is running.")
+        return 0
+    cluster.down()
+    print(f"Stopped emulated cluster {name!r}.")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from raytpu_lab.cluster import emulator
+
+    clusters = emulator.running()
+    if not clusters:
+        print(f"No emulated clusters running (state under {emulator.state_root()}).")
+    for c in clusters:
+        shapes = ", ".join(f"{spec} x{count}" for spec, count in c.specs)
+        print(f"{c.name}: {shapes}; {len(c.hosts)} hosts at {c.address}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from raytpu_lab.cluster import emulator
+    from raytpu_lab.cluster.connect import disconnect
+    from raytpu_lab.lab import Lab
+    from raytpu_lab.widgets.svg import render_status_text
+
+    address = args.address
+    if address is None:
+        found = emulator.find()
+        if found is None:
+            print("No address given and no emulated cluster running; pass HOST:PORT.",
+                  file=sys.stderr)
+            return 1
+        address = found.address
+    lab = Lab()
+    lab.connect(address)
+    try:
+        print(render_status_text(lab.snapshot()))
+    finally:
+        disconnect()
+    return 0
+
+
+_COMMANDS = {"up": _up, "down": _down, "list": _list, "status": _status}
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,44 @@
+"""The ``raytpu`` shell command: parsing, listing and errors (no Ray started)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raytpu_lab import cli
+
+
+def test_list_with_no_clusters_says_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("RAYTPU_EMULATOR_ROOT", str(tmp_path))
+    assert cli.main(["list"]) == 0
+    assert f"No emulated clusters running (state under {tmp_path})" in capsys.readouterr().out
+
+
+def test_down_of_a_missing_cluster_is_not_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("RAYTPU_EMULATOR_ROOT", str(tmp_path))
+    assert cli.main(["down", "--name", "nope"]) == 0
+    assert "No emulated cluster named 'nope'" in capsys.readouterr().out
+
+
+def test_status_without_address_or_cluster_fails_with_a_hint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("RAYTPU_EMULATOR_ROOT", str(tmp_path))
+    assert cli.main(["status"]) == 1
+    assert "pass HOST:PORT" in capsys.readouterr().err
+
+
+def test_an_invalid_shape_prints_what_why_fix_and_exits_1(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("RAYTPU_EMULATOR_ROOT", str(tmp_path))
+    assert cli.main(["up", "--tpu", "v6e:4x5"]) == 1
+    err = capsys.readouterr().err
+    assert "4x5" in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())  # nothing was started
+
+
+def test_a_command_is_required() -> None:
+    with pytest.raises(SystemExit):
+        cli.main([])
