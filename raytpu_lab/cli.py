@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="print a cluster's slices, hosts and chips")
     status.add_argument("address", nargs="?",
-                        help="GCS address HOST:PORT (default: the running emulated cluster)")
+                        help="GCS address HOST:PORT (default: the emulated cluster --name)")
+    status.add_argument("--name", default=None, help="emulated cluster name (default raytpu)")
     return parser
 
 
@@ -57,7 +58,8 @@ def _up(args: argparse.Namespace) -> int:
 
     specs = [(spec, args.slices) for spec in (args.tpu or ["v6e:4x4"])]
     cluster = emulator.up(specs, name=args.name or emulator.DEFAULT_NAME)
-    print(f"Emulated cluster {cluster.name!r}: {len(cluster.hosts)} TPU hosts at {cluster.address}")
+    hosts = len(cluster.hosts)
+    print(f"Emulated cluster {cluster.name!r}: {hosts} TPU host{'s' * (hosts != 1)} at {cluster.address}")
     print(f"  dashboard  {cluster.dashboard_url}")
     print(f"  notebook   %raytpu connect {cluster.address}")
     print(f"  stop       raytpu down --name {cluster.name}")
@@ -85,7 +87,8 @@ def _list(args: argparse.Namespace) -> int:
         print(f"No emulated clusters running (state under {emulator.state_root()}).")
     for c in clusters:
         shapes = ", ".join(f"{spec} x{count}" for spec, count in c.specs)
-        print(f"{c.name}: {shapes}; {len(c.hosts)} hosts at {c.address}")
+        hosts = len(c.hosts)
+        print(f"{c.name}: {shapes}; {hosts} host{'s' * (hosts != 1)} at {c.address}")
     return 0
 
 
@@ -97,10 +100,11 @@ def _status(args: argparse.Namespace) -> int:
 
     address = args.address
     if address is None:
-        found = emulator.find()
+        name = args.name or emulator.DEFAULT_NAME
+        found = emulator.find(name)
         if found is None:
-            print("No address given and no emulated cluster running; pass HOST:PORT.",
-                  file=sys.stderr)
+            print(f"No address given and no emulated cluster {name!r} running; pass HOST:PORT "
+                  "or --name (raytpu list shows the running ones).", file=sys.stderr)
             return 1
         address = found.address
     lab = Lab()
