@@ -328,7 +328,7 @@ def parse_raycluster(manifest: Mapping[str, Any], *, source: str = "manifest") -
             tpu_groups.append(parsed)
         elif isinstance(parsed, CpuWorkerGroup):
             cpu_groups.append(parsed)
-    names = [g.name for g in [*tpu_groups, *cpu_groups]]
+    names = [g.name for g in tpu_groups] + [g.name for g in cpu_groups]
     problems += [f"{path}.workerGroupSpecs: groupName {n!r} used twice"
                  for n in sorted({n for n in names if names.count(n) > 1})]
     if problems:
