@@ -242,8 +242,8 @@ class KubeRayClient:
     def crd_installed(self) -> bool | None:
         """Whether ``rayclusters.ray.io`` exists; ``None`` when this user may not read CRDs."""
         try:
-            self.extensions.read_custom_resource_definition(CRD_NAME, _request_timeout=_TIMEOUT_S,
-                                                            _preload_content=False).release_conn()
+            _raw(self.extensions.read_custom_resource_definition(
+                CRD_NAME, _request_timeout=_TIMEOUT_S, _preload_content=False))
             return True
         except ApiException as err:
             if err.status == 404:
