@@ -318,6 +318,9 @@ def up(
                     hosts.append(EmulatedHost(
                         slice_name=slice_name(group.name, replica), worker_id=worker_id,
                         spec=f"{shape.version}:{shape.topology}", pid=0, group=group.name))
+        for _label, env, args in to_start:
+            # KubeRay stores the `ray start` command it generated; ours, less per-node ports.
+            env["KUBERAY_GEN_RAY_START_CMD"] = " ".join(["ray", "start", *args[:-1], "--block"])
         pids = _start_in_waves(folder, to_start, started, timeout_s)
         hosts = [EmulatedHost(h.slice_name, h.worker_id, h.spec, pid, h.group)
                  for h, pid in zip(hosts, pids, strict=True)]

@@ -103,6 +103,7 @@ def tpu_host_environment(
         "RAY_PORT": str(gcs_port),
         "RAY_ADDRESS": f"{head_host}:{gcs_port}",
         "RAY_USAGE_STATS_KUBERAY_IN_USE": "1",
+        "RAY_DASHBOARD_ENABLE_K8S_DISK_USAGE": "1",
         # GKE TPU device plugin (layer 2)
         "TPU_ACCELERATOR_TYPE": shape.gke_accelerator_type,
         "TPU_TOPOLOGY": shape.topology,
