@@ -8,7 +8,10 @@ Kubernetes API (``Status`` objects for errors):
   with ``test``/``replace``/``add``, merge patch, server-side apply);
 - ``GET /api/v1/namespaces/{ns}/pods?labelSelector=k=v[,k=v]``;
 - ``GET /api/v1/namespaces/{ns}/services/{name}``;
-- ``GET /apis/apiextensions.k8s.io/v1/customresourcedefinitions/rayclusters.ray.io``.
+- ``GET /apis/apiextensions.k8s.io/v1/customresourcedefinitions/rayclusters.ray.io``;
+- ``GET /api/v1/namespaces/{ns}/pods/{pod}/portforward?ports=P`` upgraded to a WebSocket speaking
+  the ``v4.channel.k8s.io`` port-forward framing (channel byte, initial port frames), relayed to a
+  local TCP address registered in ``portforward_targets[(ns, pod, port)]``.
 
 Failure modes tests switch on: ``forbidden`` (403 ``Status`` naming the verb and resource),
 ``crd_installed = False`` (404 "404 page not found", as an API server answers for an unknown
@@ -24,7 +27,10 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
+import socket
+import struct
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -62,6 +68,7 @@ class KubeStandIn:
         self.services: dict[tuple[str, str], dict] = {}
         self.crd_installed = True
         self.forbidden: set[str] = set()  # e.g. {"get rayclusters", "list pods"}
+        self.portforward_targets: dict[tuple[str, str, int], tuple[str, int]] = {}
         self.requests: list[tuple[str, str, str, str]] = []
         self.auth_headers: list[str] = []
         self.lock = threading.Lock()
@@ -239,14 +246,109 @@ def _merge(target: dict, patch: Mapping[str, Any]) -> None:
             target[k] = copy.deepcopy(v)
 
 
+_WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+
+def _ws_frame(payload: bytes, opcode: int = 0x2) -> bytes:
+    head = bytes([0x80 | opcode])
+    n = len(payload)
+    if n < 126:
+        head += bytes([n])
+    elif n < 65536:
+        head += bytes([126]) + struct.pack("!H", n)
+    else:
+        head += bytes([127]) + struct.pack("!Q", n)
+    return head + payload
+
+
+def _ws_read(rfile: Any) -> tuple[int, bytes] | None:
+    head = rfile.read(2)
+    if len(head) < 2:
+        return None
+    opcode, n = head[0] & 0x0F, head[1] & 0x7F
+    if n == 126:
+        n = struct.unpack("!H", rfile.read(2))[0]
+    elif n == 127:
+        n = struct.unpack("!Q", rfile.read(8))[0]
+    mask = rfile.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+    data = rfile.read(n)
+    return opcode, bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+
 class _Handler(BaseHTTPRequestHandler):
     standin: KubeStandIn
 
+    def _portforward(self, headers: dict[str, str]) -> bool:
+        """Serve a port-forward WebSocket; ``False`` if this request is not one."""
+        parts = urlsplit(self.path)
+        segs = parts.path.split("/")
+        if not (len(segs) == 8 and segs[:4] == ["", "api", "v1", "namespaces"] and segs[5] == "pods"
+                and segs[7] == "portforward" and headers.get("Upgrade", "").lower() == "websocket"):
+            return False
+        standin: KubeStandIn = self.server.standin  # type: ignore[attr-defined]
+        standin.requests.append(("GET", parts.path, parts.query, ""))
+        standin.auth_headers.append(headers.get("Authorization", ""))
+        port = int((parse_qs(parts.query).get("ports") or ["0"])[0])
+        target = standin.portforward_targets.get((segs[4], segs[6], port))
+        if headers.get("Authorization") != f"Bearer {FAKE_TOKEN}" or target is None:
+            code = 401 if target is not None else 404
+            body = json.dumps(_status(code, "NotFound" if code == 404 else "Unauthorized",
+                                      f'pods "{segs[6]}" not found')).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return True
+        accept = base64.b64encode(hashlib.sha1(
+            (headers["Sec-Websocket-Key"] + _WS_GUID).encode()).digest()).decode()
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        self.send_header("Sec-WebSocket-Protocol", "v4.channel.k8s.io")
+        self.end_headers()
+        port_bytes = struct.pack("<H", port)
+        self.wfile.write(_ws_frame(b"\x00" + port_bytes) + _ws_frame(b"\x01" + port_bytes))
+        upstream = socket.create_connection(target)
+        lock = threading.Lock()
+
+        def back() -> None:  # target -> client, on data channel 0
+            try:
+                while data := upstream.recv(65536):
+                    with lock:
+                        self.wfile.write(_ws_frame(b"\x00" + data))
+            except OSError:
+                pass
+            with lock:
+                try:
+                    self.wfile.write(_ws_frame(b"", 0x8))
+                except OSError:
+                    pass
+
+        threading.Thread(target=back, daemon=True).start()
+        try:
+            while (frame := _ws_read(self.rfile)) is not None:
+                opcode, payload = frame
+                if opcode == 0x8:
+                    break
+                if opcode == 0x2 and payload[:1] == b"\x00" and len(payload) > 1:
+                    upstream.sendall(payload[1:])
+        except OSError:
+            pass
+        finally:
+            upstream.close()
+        self.close_connection = True
+        return True
+
     def _serve(self) -> None:
+        headers = {k.title(): v for k, v in self.headers.items()}
+        if self.command == "GET" and self._portforward(headers):
+            return
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         code, payload = self.server.standin.handle(  # type: ignore[attr-defined]
-            self.command, self.path, {k.title(): v for k, v in self.headers.items()}, body)
+            self.command, self.path, headers, body)
         data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
         self.send_response(code)
         self.send_header("Content-Type", "text/plain" if isinstance(payload, str) else "application/json")

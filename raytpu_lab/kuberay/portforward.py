@@ -136,6 +136,9 @@ class PortForward:
         """Stop listening and close every stream. Idempotent."""
         self._closed.set()
         if self._listener is not None:
+            # shutdown first: close() alone leaves a thread blocked in accept() holding the socket.
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 self._listener.close()
         for stream in self._streams:

@@ -10,7 +10,10 @@ API server, KubeRay operator or GKE. No Ray is started.
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -210,8 +213,7 @@ def test_resolve_outside_the_cluster_needs_a_port_forward(standin: KubeStandIn, 
         resolve("tpu-lab", port_forward=False)
     assert info.value.kind == "port-forward"
     assert "kubectl port-forward svc/tpu-lab-head-svc 10001:10001 -n ml" in str(info.value)
-    # The stand-in does not speak the WebSocket port-forward protocol, so the library's own
-    # port-forward fails here, with the same instruction.
+    # The library's own port-forward is refused (no such pod port in the stand-in): same instruction.
     with pytest.raises(KubernetesError) as info:
         resolve("tpu-lab")
     assert info.value.kind == "port-forward"
@@ -353,3 +355,71 @@ def test_no_secret_in_errors_outputs_or_logs(standin: KubeStandIn, kubeconfig: P
     for secret in SECRETS:
         assert secret not in everything
     assert kube.scrub(f"x {SECRETS[0]} y") == "x *** y"
+
+
+@contextmanager
+def _echo_server() -> Iterator[int]:
+    """A TCP echo server on a free local port (stands for the head pod's Ray Client port)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        listener.close()
+
+
+def _roundtrip(port: int, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(payload)
+        got = b""
+        while len(got) < len(payload):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        return got
+
+
+def test_library_port_forward_relays_through_the_standin(standin: KubeStandIn, kubeconfig: Path) -> None:
+    """The WebSocket port-forward of the kubernetes client, relayed by our PortForward, against
+    the stand-in's v4.channel.k8s.io framing (a real API server's kubelet relay is not exercised)."""
+    standin.add_raycluster(_lab_manifest(), NS, ready_status(10))
+    with _echo_server() as echo_port:
+        standin.portforward_targets[(NS, "head-pod", 10001)] = ("127.0.0.1", echo_port)
+        target = resolve("tpu-lab")
+        try:
+            assert target.port_forward is not None
+            local = target.port_forward.local_port
+            assert target.address == f"ray://127.0.0.1:{local}"
+            assert _roundtrip(local, b"hello ray client") == b"hello ray client"
+            big = bytes(range(256)) * 1024  # 256 KiB, several frames each way
+            results: list[bytes] = []
+            threads = [threading.Thread(target=lambda: results.append(_roundtrip(local, big)))
+                       for _ in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            assert results == [big] * 3  # one stream per connection, in parallel
+        finally:
+            target.close()
+    with pytest.raises(OSError):
+        _roundtrip(local, b"x")
+    forwards = [r for r in standin.requests if r[1].endswith("/pods/head-pod/portforward")]
+    assert forwards and all(r[2] == "ports=10001" for r in forwards)
