@@ -370,7 +370,8 @@ def running_standin() -> Iterator[KubeStandIn]:
     server.standin = standin  # type: ignore[attr-defined]
     server.daemon_threads = True
     standin.server = server
-    thread = threading.Thread(target=server.serve_forever, name="k8s-standin", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              name="k8s-standin", daemon=True)
     thread.start()
     try:
         yield standin
