@@ -33,6 +33,7 @@ from raytpu_lab.state.model import PlannedSlice
 __all__ = ["KubeRayTarget", "resolve", "client_port"]
 
 _PLANNED_MAX_AGE_S = 3.0
+_PLANNED_STALE_S = 60.0  # how long a failing API server may leave the last plan in use
 
 
 def client_port(service: dict[str, Any]) -> int:
@@ -72,16 +73,26 @@ class KubeRayTarget:
     def planned(self, max_age_s: float = _PLANNED_MAX_AGE_S) -> list[PlannedSlice]:
         """Expected slices with their pods' state, read at most every ``max_age_s`` seconds.
 
+        When the API server fails, the last answer is kept for up to 60 s.
+
         Raises:
-            KubernetesError: As :meth:`KubeRayClient.get_raycluster` / ``list_pods``.
+            KubernetesError: As :meth:`KubeRayClient.get_raycluster` / ``list_pods``, when
+                there is no answer younger than 60 s.
         """
         with self._lock:
             now = time.monotonic()
             if self._planned is None or now - self._planned[0] > max_age_s:
-                obj = self.client.get_raycluster(self.name, self.namespace)
+                try:
+                    obj = self.client.get_raycluster(self.name, self.namespace)
+                    pods = self.client.list_pods(self.name, self.namespace)
+                except KubernetesError:
+                    # A blip of the API server should not blank the Ray view: keep the last
+                    # answer for a while, then let the error show.
+                    if self._planned is not None and now - self._planned[0] < _PLANNED_STALE_S:
+                        return self._planned[1]
+                    raise
                 self.plan = parse_raycluster(obj, source=f"RayCluster {self.name}")
                 self.readiness = readiness(obj)
-                pods = self.client.list_pods(self.name, self.namespace)
                 self._planned = (now, planned_slices(self.plan, pods))
             return self._planned[1]
 

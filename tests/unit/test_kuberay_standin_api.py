@@ -423,3 +423,15 @@ def test_library_port_forward_relays_through_the_standin(standin: KubeStandIn, k
         _roundtrip(local, b"x")
     forwards = [r for r in standin.requests if r[1].endswith("/pods/head-pod/portforward")]
     assert forwards and all(r[2] == "ports=10001" for r in forwards)
+
+
+def test_planned_keeps_the_last_answer_through_an_api_blip(standin: KubeStandIn, kubeconfig: Path) -> None:
+    standin.add_raycluster(_lab_manifest(), NS, ready_status(10))
+    target = resolve("tpu-lab", address="ray://127.0.0.1:1")
+    first = target.planned()
+    assert [p.name for p in first] == ["tpu-v6e-4x4-0", "tpu-v6e-4x4-1", "tpu-v4-2x2x2-0"]
+    standin.forbidden = {"list pods"}
+    assert target.planned(max_age_s=0) == first  # stale but kept
+    target._planned = (target._planned[0] - 120, first)  # older than the 60 s grace
+    with pytest.raises(KubernetesError, match="403 Forbidden"):
+        target.planned(max_age_s=0)
