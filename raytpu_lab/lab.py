@@ -151,7 +151,8 @@ class Lab:
         for res in list(self._reservations.values()):
             res.release()
         self._reservations.clear()
-        cluster = self.cluster or emulator.find()
+        # Connected to KubeRay: stop nothing local (a default emulated cluster is not ours).
+        cluster = self.cluster or (None if self.kuberay is not None else emulator.find())
         self._drop_kuberay()
         self.refresher.stop()
         if self._map is not None:

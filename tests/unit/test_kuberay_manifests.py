@@ -279,7 +279,7 @@ def test_shipped_schema_is_the_crd_v1_schema() -> None:
 
 
 def test_manifest_modules_import_no_ray_ipython_or_kubernetes_client() -> None:
-    code = ("import sys, raytpu_lab.kuberay, raytpu_lab.kuberay.pods; "
+    code = ("import sys, raytpu_lab.kuberay, raytpu_lab.kuberay.pods, raytpu_lab.kuberay.status; "
             "print(sorted(m for m in ('ray', 'IPython', 'kubernetes', 'urllib3') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=REPO)

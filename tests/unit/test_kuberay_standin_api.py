@@ -435,3 +435,29 @@ def test_planned_keeps_the_last_answer_through_an_api_blip(standin: KubeStandIn,
     target._planned = (target._planned[0] - 120, first)  # older than the 60 s grace
     with pytest.raises(KubernetesError, match="403 Forbidden"):
         target.planned(max_age_s=0)
+
+
+def test_down_while_on_kuberay_stops_no_local_emulator(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raytpu_lab.cluster import emulator
+    from raytpu_lab.lab import Lab
+
+    stopped: list[str] = []
+    closed: list[bool] = []
+
+    class _Local:
+        name = "raytpu"
+
+        def down(self) -> None:
+            stopped.append(self.name)
+
+    class _Target:
+        def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.setattr(emulator, "find", lambda name=emulator.DEFAULT_NAME: _Local())
+    lab = Lab()
+    lab.kuberay = _Target()  # type: ignore[assignment]
+    assert lab.down() is None
+    assert stopped == [] and closed == [True] and lab.kuberay is None
+    assert lab.down() == "raytpu"  # without KubeRay, down still stops the default emulator
+    assert stopped == ["raytpu"]
