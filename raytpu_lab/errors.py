@@ -13,7 +13,9 @@ Every error carries three parts: what happened, why, and what to do next. Magics
     ├── ReservationError            a slice reservation failed
     │   └── NoSliceAvailableError   no intact idle slice within the timeout (names each slice and why)
     ├── TrainingConfigError         a training request that cannot run (bad config), before launch
-    └── TrainingError               a JaxTrainer run failed on the workers (carries the worker traceback)
+    ├── TrainingError               a JaxTrainer run failed on the workers (carries the worker traceback)
+    ├── ManifestError               a RayCluster manifest fails the CRD schema or the TPU rules
+    └── KubernetesError             kubeconfig, RBAC, RayCluster/CRD lookup or readiness on Kubernetes
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ __all__ = [
     "NoSliceAvailableError",
     "TrainingConfigError",
     "TrainingError",
+    "ManifestError",
+    "KubernetesError",
 ]
 
 
@@ -135,4 +139,39 @@ class TrainingError(RaytpuError):
                  worker_error: str = "") -> None:
         self.run_name = run_name
         self.worker_error = worker_error
+        super().__init__(what, why, fix)
+
+
+class ManifestError(RaytpuError, ValueError):
+    """A RayCluster manifest that the Kubernetes API server or the KubeRay TPU webhook would refuse.
+
+    Attributes:
+        source: Where the manifest came from (a file name, or ``"manifest"``).
+        problems: One line per problem, each naming the field path, e.g.
+            ``"spec.workerGroupSpecs[0].numOfHosts: 2, but v6e 4x4 with 4 chips per host has 4 hosts"``.
+    """
+
+    def __init__(self, what: str, why: str = "", fix: str = "", *, source: str = "",
+                 problems: list[str] | None = None) -> None:
+        self.source = source
+        self.problems = list(problems or [])
+        super().__init__(what, why, fix)
+
+
+class KubernetesError(RaytpuError):
+    """Talking to Kubernetes failed in a way the user can fix.
+
+    Never carries a token, certificate or kubeconfig content: messages are composed from the HTTP
+    status, the Kubernetes ``Status`` reason and our own words only.
+
+    Attributes:
+        kind: What failed: ``"no-kubeconfig"``, ``"context"``, ``"forbidden"``, ``"not-found"``,
+            ``"crd-missing"``, ``"not-ready"``, ``"unreachable"``, ``"port-forward"`` or ``"api"``.
+        status: The HTTP status the API server answered, or 0 when none.
+    """
+
+    def __init__(self, what: str, why: str = "", fix: str = "", *, kind: str = "api",
+                 status: int = 0) -> None:
+        self.kind = kind
+        self.status = status
         super().__init__(what, why, fix)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import atexit
 import itertools
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -35,6 +36,9 @@ from raytpu_lab.train.launch import RunResult, launch_jax
 from raytpu_lab.widgets.status import StatusView
 from raytpu_lab.widgets.topology_map import TopologyMap
 
+if TYPE_CHECKING:
+    from raytpu_lab.cluster.kuberay_connect import KubeRayTarget
+
 __all__ = ["Lab", "get_lab"]
 
 _NODE_JOIN_TIMEOUT_S = 90.0
@@ -47,6 +51,8 @@ class Lab:
         address: The Ray address this session is connected to, or ``None``.
         cluster: The emulated cluster this session started or found, or ``None``.
         last_run: The most recent training run's result.
+        kuberay: The RayCluster on Kubernetes this session connected to
+            (:meth:`connect_kuberay`), or ``None``.
     """
 
     def __init__(self) -> None:
@@ -58,6 +64,7 @@ class Lab:
         self._jobs: dict[str, str] = {}  # placement group id -> "run <name>", while it runs
         self.refresher = Refresher(self.snapshot)
         self._map: TopologyMap | None = None
+        self.kuberay: KubeRayTarget | None = None
 
     # -- cluster ---------------------------------------------------------------------------
 
@@ -66,26 +73,38 @@ class Lab:
         """Whether this process is a Ray driver connected through this session."""
         return self.address is not None and ray.is_initialized()
 
-    def up(self, tpu: str = "v6e:4x4", slices: int = 2, *, name: str = emulator.DEFAULT_NAME,
-           timeout_s: float = 180.0) -> emulator.EmulatedCluster:
+    def up(self, tpu: str = "v6e:4x4", slices: int = 2, *, name: str | None = None,
+           timeout_s: float = 180.0,
+           manifest: str | Path | Mapping[str, Any] | None = None) -> emulator.EmulatedCluster:
         """Start a local emulated TPU cluster and connect to it.
 
         Args:
             tpu: ``"<version>:<topology>"``, e.g. ``"v6e:4x4"``, ``"v4:2x2x2"``, ``"v5e:2x2"``.
             slices: Number of slices of that shape.
-            name: Cluster name (one emulated cluster per name).
+            name: Cluster name (one emulated cluster per name); ``"raytpu"``, or the manifest's
+                ``metadata.name``, when ``None``.
             timeout_s: Seconds to wait for every node to start.
+            manifest: A RayCluster manifest (file path or dict) to emulate instead of ``tpu`` /
+                ``slices``: its TPU worker groups, slices, hosts and container env
+                (:mod:`raytpu_lab.cluster.kuberay_emulator`).
 
         Returns:
             The running cluster (``address``, ``dashboard_url``, ``hosts``).
 
         Raises:
             InvalidTopologyError: ``tpu`` is not a valid spec (nothing is started).
+            ManifestError: The manifest fails the CRD schema or the TPU rules (nothing is started).
             EmulatorError: A cluster with this name runs already (the message says how to reach
                 or stop it), or nodes failed to start or join.
         """
-        parse_spec(tpu)
-        cluster = emulator.up([(tpu, slices)], name=name, timeout_s=timeout_s)
+        if manifest is not None:
+            from raytpu_lab.cluster.kuberay_emulator import up_from_manifest
+
+            cluster = up_from_manifest(manifest, name=name, timeout_s=timeout_s)
+        else:
+            parse_spec(tpu)
+            cluster = emulator.up([(tpu, slices)], name=name or emulator.DEFAULT_NAME,
+                                  timeout_s=timeout_s)
         try:
             self.connect(cluster.address)
             expected = len(cluster.hosts) + 1
@@ -112,6 +131,7 @@ class Lab:
         """
         probe(address, timeout_s=timeout_s)  # fail before dropping the current connection
         self._forget_reservations()
+        self._drop_kuberay()
         found = [c for c in emulator.running() if c.address == address]
         if found:
             _ray_private.enable_token_auth()  # emulated clusters run with Ray token auth
@@ -131,7 +151,9 @@ class Lab:
         for res in list(self._reservations.values()):
             res.release()
         self._reservations.clear()
-        cluster = self.cluster or emulator.find()
+        # Connected to KubeRay: stop nothing local (a default emulated cluster is not ours).
+        cluster = self.cluster or (None if self.kuberay is not None else emulator.find())
+        self._drop_kuberay()
         self.refresher.stop()
         if self._map is not None:
             self._map.set_status("disconnected (%raytpu down)")
@@ -153,7 +175,12 @@ class Lab:
         """
         self._require_connection("read the cluster state")
         expected = self.cluster.expected_hosts if self.cluster else None
-        return build_snapshot(fetch_raw_state(), expected_hosts=expected, jobs=dict(self._jobs))
+        planned = None
+        if self.kuberay is not None:
+            planned = self.kuberay.planned()
+            expected = expected or self.kuberay.plan.expected_hosts
+        return build_snapshot(fetch_raw_state(), expected_hosts=expected, jobs=dict(self._jobs),
+                              planned=planned)
 
     def status(self, highlight: set[str] | None = None) -> StatusView:
         """A view of the snapshot: text table, HTML table and SVG map (for display).
@@ -307,6 +334,154 @@ class Lab:
             self._jobs = {pg: label for pg, label in self._jobs.items() if label != f"run {run_name}"}
         self.last_run = run
         return run
+
+    # -- KubeRay ---------------------------------------------------------------------------
+
+    def connect_kuberay(self, name: str, *, namespace: str | None = None,
+                        context: str | None = None, kubeconfig: str | None = None,
+                        address: str | None = None, port_forward: bool = True,
+                        timeout_s: float = 15.0) -> KubeRayTarget:
+        """Connect to RayCluster ``name`` on Kubernetes (KubeRay on GKE) with the ``kubernetes`` client.
+
+        Reads the RayCluster (its worker groups give the expected slices), requires
+        ``HeadPodReady``, finds ``<name>-head-svc`` and connects a Ray Client: in-cluster through
+        the service's DNS name, from outside through a port-forward set up here, or at ``address``
+        if given. Afterwards :meth:`snapshot` also shows expected hosts that have not joined Ray
+        (``"provisioning"``, with their pod's reason) and slices KubeRay is replacing.
+
+        Args:
+            name: The RayCluster.
+            namespace: Its namespace; the kubeconfig context's namespace when ``None``.
+            context: A kubeconfig context; the current one when ``None``.
+            kubeconfig: A kubeconfig file; ``$KUBECONFIG`` / ``~/.kube/config`` when ``None``.
+            address: A Ray address to use instead (e.g. ``ray://127.0.0.1:10001`` after your own
+                ``kubectl port-forward``).
+            port_forward: Set up a port-forward when outside the cluster (else raise with the
+                ``kubectl port-forward`` command to run).
+            timeout_s: Seconds to wait for the Ray address to answer.
+
+        Returns:
+            The :class:`~raytpu_lab.cluster.kuberay_connect.KubeRayTarget` (also ``self.kuberay``).
+
+        Raises:
+            KubernetesError: No kubeconfig, unknown context, RBAC 403, RayCluster or CRD not
+                found, head not ready, port-forward refused (one clear message each).
+            ManifestError: The RayCluster's TPU groups break the webhook's rules.
+            ConnectError: The Ray address does not answer, or Ray refuses to connect.
+        """
+        from raytpu_lab.cluster.kuberay_connect import resolve
+
+        target = resolve(name, namespace=namespace, context=context, kubeconfig=kubeconfig,
+                         address=address, port_forward=port_forward)
+        try:
+            self.connect(target.address, timeout_s=timeout_s)
+        except BaseException:
+            target.close()
+            raise
+        self.kuberay = target
+        return target
+
+    def apply(self, manifest: str | Path | Mapping[str, Any], *, namespace: str | None = None,
+              context: str | None = None, kubeconfig: str | None = None) -> dict[str, Any]:
+        """Validate a RayCluster manifest and create or update it on Kubernetes (server-side apply).
+
+        Returns:
+            The RayCluster as stored by the API server.
+
+        Raises:
+            ManifestError: It fails the CRD schema or the TPU rules (nothing is sent).
+            KubernetesError: As :meth:`connect_kuberay`.
+        """
+        from raytpu_lab.cluster.kuberay_emulator import read_manifest
+        from raytpu_lab.kuberay import check_manifest
+
+        obj, source = read_manifest(manifest)
+        if obj.get("kind") != "RayCluster":
+            from raytpu_lab.errors import ManifestError
+
+            raise ManifestError(f"{source} is a {obj.get('kind')}, not a RayCluster.",
+                                why="apply creates RayClusters only.",
+                                fix="Apply RayJobs and RayServices with kubectl apply -f.", source=source)
+        check_manifest(obj, source=source)
+        return self._kube(namespace, context, kubeconfig).apply(obj, namespace)
+
+    def scale(self, group: str, slices: int, *, name: str | None = None,
+              namespace: str | None = None, context: str | None = None,
+              kubeconfig: str | None = None) -> list[str]:
+        """Set a TPU worker group's slice count (``replicas``) on Kubernetes.
+
+        Args:
+            group: The worker group's ``groupName``.
+            slices: Slices wanted (KubeRay creates or deletes whole slices).
+            name: The RayCluster; the connected one (:meth:`connect_kuberay`) when ``None``.
+
+        Returns:
+            Notes on bounds widened (``maxReplicas`` / ``minReplicas``).
+
+        Raises:
+            RaytpuError: ``slices`` below 0, or no RayCluster named and none connected.
+            KubernetesError: As :meth:`connect_kuberay`, or no such group.
+        """
+        if slices < 0:
+            raise RaytpuError(f"--slices {slices} is not allowed.", why="A group has 0 or more slices.",
+                              fix="Pass --slices 0 or more.")
+        client, name, namespace = self._kube_target(name, namespace, context, kubeconfig, "scale")
+        _, notes = client.scale(name, group, slices, namespace)
+        if self.kuberay is not None:
+            self.kuberay._planned = None  # read the new plan on the next snapshot
+        return notes
+
+    def delete_raycluster(self, name: str | None = None, *, yes: bool = False,
+                          namespace: str | None = None, context: str | None = None,
+                          kubeconfig: str | None = None) -> str:
+        """Delete a RayCluster on Kubernetes (KubeRay then deletes its pods: every slice goes).
+
+        Args:
+            name: The RayCluster; the connected one when ``None``.
+            yes: Confirmation; required, because this frees TPUs other people may be using.
+
+        Returns:
+            The deleted RayCluster's name.
+
+        Raises:
+            RaytpuError: Not confirmed, or no RayCluster named and none connected.
+            KubernetesError: As :meth:`connect_kuberay`.
+        """
+        client, name, namespace = self._kube_target(name, namespace, context, kubeconfig, "delete")
+        if not yes:
+            raise RaytpuError(f"Not deleting RayCluster {name!r}: not confirmed.",
+                              why="Deleting it stops every pod and frees its TPU slices.",
+                              fix="Confirm with --yes (yes=True in Python).")
+        client.delete(name, namespace)
+        if self.kuberay is not None and self.kuberay.name == name:
+            self.address = None
+            self._drop_kuberay()
+            disconnect()
+        return name
+
+    def _kube(self, namespace: str | None, context: str | None, kubeconfig: str | None) -> Any:
+        from raytpu_lab.kuberay.client import KubeRayClient
+
+        if self.kuberay is not None and context is None and kubeconfig is None:
+            return self.kuberay.client
+        return KubeRayClient.from_config(context=context, namespace=namespace, kubeconfig=kubeconfig)
+
+    def _kube_target(self, name: str | None, namespace: str | None, context: str | None,
+                     kubeconfig: str | None, doing: str) -> tuple[Any, str, str | None]:
+        if name is None:
+            if self.kuberay is None:
+                raise RaytpuError(f"Cannot {doing}: which RayCluster?",
+                                  why="No RayCluster was named and this session is connected to none.",
+                                  fix="Name it (--cluster NAME) or connect first "
+                                      "(%raytpu connect --kuberay NAME).")
+            name = self.kuberay.name
+            namespace = namespace or self.kuberay.namespace
+        return self._kube(namespace, context, kubeconfig), name, namespace
+
+    def _drop_kuberay(self) -> None:
+        if self.kuberay is not None:
+            self.kuberay.close()
+            self.kuberay = None
 
     # -- helpers ---------------------------------------------------------------------------
 

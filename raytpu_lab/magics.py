@@ -61,13 +61,37 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--tpu", default="v6e:4x4", metavar="V:TOPO",
                     help="slice shape, e.g. v6e:4x4, v5e:2x2, v4:2x2x2, v7x:2x2x1 (default v6e:4x4)")
     up.add_argument("--slices", type=int, default=2, help="number of slices (default 2)")
-    up.add_argument("--name", default=DEFAULT_NAME, help="cluster name (default %(default)s)")
+    up.add_argument("--name", default=None,
+                    help=f"cluster name (default {DEFAULT_NAME}, or the manifest's metadata.name)")
+    up.add_argument("--manifest", metavar="FILE",
+                    help="emulate this RayCluster manifest (its TPU worker groups) instead of --tpu")
 
     sub.add_parser("down", help="release reservations, disconnect, stop the emulated cluster")
 
-    conn = sub.add_parser("connect", help="connect to a running Ray cluster")
-    conn.add_argument("address", help="GCS address HOST:PORT (6379 on KubeRay) or ray://HOST:10001")
+    conn = sub.add_parser("connect", help="connect to a running Ray cluster (or a RayCluster on Kubernetes)")
+    conn.add_argument("address", nargs="?",
+                      help="GCS address HOST:PORT (6379 on KubeRay) or ray://HOST:10001; with "
+                           "--kuberay, the Ray address to use instead of a port-forward")
     conn.add_argument("--timeout", type=float, default=15.0, help="seconds (default 15)")
+    conn.add_argument("--kuberay", metavar="NAME", help="the RayCluster to connect to (kubernetes client)")
+    _kube_options(conn)
+    conn.add_argument("--no-port-forward", action="store_true",
+                      help="outside the cluster, print the kubectl port-forward command instead")
+
+    apply = sub.add_parser("apply", help="validate a RayCluster manifest and create/update it on Kubernetes")
+    apply.add_argument("file", help="RayCluster manifest (YAML or JSON)")
+    _kube_options(apply)
+
+    scale = sub.add_parser("scale", help="set a TPU worker group's number of slices on Kubernetes")
+    scale.add_argument("group", help="the worker group's groupName")
+    scale.add_argument("--slices", type=int, required=True, help="slices wanted (replicas)")
+    scale.add_argument("--cluster", help="RayCluster name (default: the connected one)")
+    _kube_options(scale)
+
+    delete = sub.add_parser("delete", help="delete a RayCluster on Kubernetes (asks to confirm)")
+    delete.add_argument("cluster", nargs="?", help="RayCluster name (default: the connected one)")
+    delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    _kube_options(delete)
 
     sub.add_parser("status", help="slices, hosts and chips: table and map")
 
@@ -110,13 +134,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _kube_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-n", "--namespace", help="Kubernetes namespace (default: the context's)")
+    parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+    parser.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
+
+
 @magics_class
 class RaytpuMagics(Magics):
     """``%raytpu COMMAND ...`` and ``%%raytpu jax ...``; ``%raytpu --help`` lists the commands."""
 
     @line_cell_magic
     def raytpu(self, line: str, cell: str | None = None) -> Any:
-        """Ray on Cloud TPUs: up, down, connect, status, reserve, release, reservations, jax."""
+        """Ray on Cloud TPUs: up, down, connect, status, reserve, release, reservations, jax,
+        apply, scale, delete."""
         parser = build_parser()
         try:
             args = parser.parse_args(shlex.split(line))
@@ -153,7 +184,7 @@ class RaytpuMagics(Magics):
     # -- subcommands -------------------------------------------------------------------------
 
     def _do_up(self, args: argparse.Namespace, cell: str | None) -> None:
-        cluster = get_lab().up(args.tpu, args.slices, name=args.name)
+        cluster = get_lab().up(args.tpu, args.slices, name=args.name, manifest=args.manifest)
         print(f"Emulated cluster {cluster.name!r}: {_n(len(cluster.hosts), 'TPU host')} at {cluster.address} "
               f"(dashboard {cluster.dashboard_url})")
         display(get_lab().status())
@@ -164,9 +195,52 @@ class RaytpuMagics(Magics):
               else "No emulated cluster was running; disconnected.")
 
     def _do_connect(self, args: argparse.Namespace, cell: str | None) -> None:
+        if args.kuberay:
+            target = get_lab().connect_kuberay(
+                args.kuberay, namespace=args.namespace, context=args.context,
+                kubeconfig=args.kubeconfig, address=args.address,
+                port_forward=not args.no_port_forward, timeout_s=args.timeout)
+            slices = target.plan.expected_slices()
+            via = " (port-forward)" if target.port_forward else ""
+            print(f"Connected to RayCluster {target.name!r} in {target.namespace!r} at "
+                  f"{target.address}{via}: expects {_n(len(slices), 'slice')}, "
+                  f"{_n(sum(s.hosts for s in slices), 'TPU host')}.")
+            display(get_lab().status())
+            return
+        if not args.address:
+            raise UsageError("raytpu connect: give an ADDRESS, or --kuberay NAME (see %raytpu connect --help)")
         get_lab().connect(args.address, timeout_s=args.timeout)
         print(f"Connected to {args.address}.")
         display(get_lab().status())
+
+    def _do_apply(self, args: argparse.Namespace, cell: str | None) -> None:
+        obj = get_lab().apply(args.file, namespace=args.namespace, context=args.context,
+                              kubeconfig=args.kubeconfig)
+        meta = obj.get("metadata") or {}
+        print(f"Applied RayCluster {meta.get('name')!r} in namespace {meta.get('namespace')!r} "
+              f"(generation {meta.get('generation', '?')}).")
+
+    def _do_scale(self, args: argparse.Namespace, cell: str | None) -> None:
+        notes = get_lab().scale(args.group, args.slices, name=args.cluster, namespace=args.namespace,
+                                context=args.context, kubeconfig=args.kubeconfig)
+        extra = f" ({'; '.join(notes)})" if notes else ""
+        print(f"Worker group {args.group!r} set to {_n(args.slices, 'slice')}{extra}; KubeRay "
+              "creates or deletes whole slices.")
+
+    def _do_delete(self, args: argparse.Namespace, cell: str | None) -> None:
+        lab = get_lab()
+        name = args.cluster or (lab.kuberay.name if lab.kuberay else None)
+        yes = args.yes
+        if not yes and name:
+            answer = input(f"Delete RayCluster {name!r} and all its pods (its TPU slices are freed)? "
+                           "Type the name to confirm: ")
+            yes = answer.strip() == name
+            if not yes:
+                print("Not deleted.")
+                return
+        deleted = lab.delete_raycluster(name, yes=yes, namespace=args.namespace, context=args.context,
+                                        kubeconfig=args.kubeconfig)
+        print(f"Deleted RayCluster {deleted!r}.")
 
     def _do_status(self, args: argparse.Namespace, cell: str | None) -> None:
         display(get_lab().status())

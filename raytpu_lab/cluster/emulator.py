@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,18 +31,21 @@ import psutil
 
 from raytpu_lab import _ray_private
 from raytpu_lab.cluster.gke_env import (
+    container_environment,
     emulated_jax_environment,
     group_name,
     head_environment,
+    pod_name,
     slice_name,
     tpu_host_environment,
+    worker_pod_labels,
 )
 from raytpu_lab.errors import EmulatorError
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
 
 __all__ = [
-    "EmulatedCluster", "EmulatedHost", "up", "find", "running", "state_root", "DEFAULT_NAME",
-    "AUTH_ENV",
+    "EmulatedCluster", "EmulatedHost", "HostGroup", "up", "find", "running", "state_root",
+    "DEFAULT_NAME", "AUTH_ENV",
 ]
 
 DEFAULT_NAME = "raytpu"
@@ -80,12 +83,41 @@ class EmulatedHost:
         worker_id: ``TPU_WORKER_ID`` within the slice.
         spec: ``"<version>:<topology>"`` of its slice.
         pid: Process id of its ``ray start --block`` process.
+        group: Its worker group's name (``RAY_NODE_TYPE_NAME``).
     """
 
     slice_name: str
     worker_id: int
     spec: str
     pid: int
+    group: str = ""
+
+
+@dataclass(frozen=True)
+class HostGroup:
+    """One TPU worker group to emulate, as a RayCluster manifest describes it.
+
+    Attributes:
+        name: ``groupName`` (``RAY_NODE_TYPE_NAME``; slices are ``<name>-<replica>``).
+        shape: Generation, topology and chips per host.
+        replicas: Slices.
+        env: The Ray container's ``env`` list as written in the manifest; resolved per host
+            (:func:`raytpu_lab.cluster.gke_env.container_environment`) under what GKE/KubeRay
+            inject, which wins for the same variable, as do the emulator's JAX-on-CPU variables.
+        num_cpus: ``ray start --num-cpus`` (KubeRay: the CPU limit); the emulator's default if ``None``.
+        memory_bytes: ``ray start --memory`` (KubeRay: the memory limit), or ``None``.
+        resources: Extra custom resources for ``--resources`` (the group's ``resources`` map).
+        labels: Extra node labels for ``--labels`` (the group's ``labels`` map).
+    """
+
+    name: str
+    shape: SliceShape
+    replicas: int
+    env: tuple[Mapping[str, object], ...] = ()
+    num_cpus: int | None = None
+    memory_bytes: int | None = None
+    resources: Mapping[str, float] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,6 +131,8 @@ class EmulatedCluster:
         specs: ``[(spec, slices)]`` it was started with, e.g. ``[("v6e:4x4", 2)]``.
         head_pid: Process id of the head's ``ray start --block``.
         hosts: One entry per TPU host.
+        namespace: The Kubernetes namespace its hosts' environment names (``RAY_CLUSTER_NAMESPACE``).
+        client_port: The head's Ray Client server port (``ray://127.0.0.1:<port>``), or 0.
     """
 
     name: str
@@ -107,6 +141,8 @@ class EmulatedCluster:
     specs: list[tuple[str, int]]
     head_pid: int
     hosts: list[EmulatedHost] = field(default_factory=list)
+    namespace: str = "default"
+    client_port: int = 0
 
     @property
     def folder(self) -> Path:
@@ -150,6 +186,7 @@ class EmulatedCluster:
     def from_json(cls, text: str) -> EmulatedCluster:
         data = json.loads(text)
         data["hosts"] = [EmulatedHost(**h) for h in data["hosts"]]
+        data.setdefault("namespace", "default")
         data["specs"] = [tuple(s) for s in data["specs"]]
         return cls(**data)
 
@@ -184,6 +221,8 @@ def up(
     *,
     name: str = DEFAULT_NAME,
     timeout_s: float = 180.0,
+    groups: Sequence[HostGroup] | None = None,
+    namespace: str = "default",
 ) -> EmulatedCluster:
     """Start an emulated TPU cluster: a CPU-only head plus one Ray node per TPU host.
 
@@ -192,6 +231,10 @@ def up(
             e.g. ``[("v6e:4x4", 2)]`` gives 2 slices x 4 hosts x 4 chips.
         name: Cluster name; also names its folder under :func:`state_root`.
         timeout_s: Seconds to wait for every node to start.
+        groups: Worker groups with their names, manifest env and ``ray start`` resources (from a
+            RayCluster manifest, see :mod:`raytpu_lab.cluster.kuberay_emulator`); replaces
+            ``specs`` when given.
+        namespace: The namespace the hosts' environment names (``RAY_CLUSTER_NAMESPACE``).
 
     Returns:
         The running cluster. Nodes may still be registering with the GCS for a moment; connect with
@@ -202,7 +245,12 @@ def up(
         EmulatorError: A cluster with this name already runs, or a node failed to start (its log
             tail is in the message; everything already started is stopped).
     """
-    shapes = [(parse_spec(spec), int(count)) for spec, count in specs]
+    if groups is None:
+        shapes = [(parse_spec(spec), int(count)) for spec, count in specs]
+        host_groups = [HostGroup(group_name(shape), shape, count) for shape, count in shapes]
+    else:
+        host_groups = list(groups)
+        shapes = [(g.shape, int(g.replicas)) for g in host_groups]
     for shape, count in shapes:
         if count < 1:
             raise EmulatorError(
@@ -229,7 +277,8 @@ def up(
     started: list[subprocess.Popen[bytes]] = []
     try:
         head = _start_node(
-            folder, "head", {**os.environ, **head_environment(cluster=name, gcs_port=gcs_port)},
+            folder, "head", {**os.environ, **head_environment(cluster=name, gcs_port=gcs_port,
+                                                               namespace=namespace)},
             ["--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
              f"--num-cpus={_HEAD_NUM_CPUS}",
              "--include-dashboard=true", "--dashboard-host=127.0.0.1",
@@ -241,28 +290,40 @@ def up(
 
         hosts: list[EmulatedHost] = []
         to_start: list[tuple[str, dict[str, str], list[str]]] = []
-        for shape, count in shapes:
-            for replica in _replica_indices(shapes, shape, count):
+        for group in host_groups:
+            shape = group.shape
+            first = _replica_indices(shapes, shape, group.replicas) if groups is None else \
+                range(group.replicas)
+            for replica in first:
                 for worker_id in range(shape.num_hosts):
                     env = os.environ.copy()
+                    env.update(_manifest_env(group, cluster=name, namespace=namespace,
+                                             replica=replica, worker_id=worker_id))
                     env.update(tpu_host_environment(
                         shape, cluster=name, replica=replica, worker_id=worker_id,
-                        head_host="127.0.0.1", gcs_port=gcs_port))
+                        head_host="127.0.0.1", gcs_port=gcs_port, namespace=namespace,
+                        group=group.name))
                     env.update(emulated_jax_environment(shape))
-                    label = f"{slice_name(group_name(shape), replica)}-w{worker_id}"
+                    label = f"{slice_name(group.name, replica)}-w{worker_id}"
                     to_start.append((label, env, [
                         f"--address={address}", "--node-ip-address=127.0.0.1",
-                        f"--num-cpus={_HOST_NUM_CPUS}",
-                        f"--resources={json.dumps({'TPU': shape.chips_per_host})}",
+                        f"--num-cpus={group.num_cpus or _HOST_NUM_CPUS}",
+                        *([f"--memory={group.memory_bytes}"] if group.memory_bytes else []),
+                        f"--resources={json.dumps({**group.resources, 'TPU': shape.chips_per_host})}",
+                        *([f"--labels={json.dumps(dict(group.labels))}"] if group.labels else []),
                         # Its own temp dir: Ray names a node's sockets by probing for free file
                         # names, which races when nodes sharing a session dir start together.
                         f"--temp-dir={folder / f'h{len(to_start)}'}",
                     ]))
                     hosts.append(EmulatedHost(
-                        slice_name=slice_name(group_name(shape), replica), worker_id=worker_id,
-                        spec=f"{shape.version}:{shape.topology}", pid=0))
+                        slice_name=slice_name(group.name, replica), worker_id=worker_id,
+                        spec=f"{shape.version}:{shape.topology}", pid=0, group=group.name))
+        for _label, env, args in to_start:
+            # KubeRay stores the `ray start` command it generated; ours, less per-node ports.
+            env["KUBERAY_GEN_RAY_START_CMD"] = " ".join(["ray", "start", *args[:-1], "--block"])
         pids = _start_in_waves(folder, to_start, started, timeout_s)
-        hosts = [EmulatedHost(h.slice_name, h.worker_id, h.spec, pid) for h, pid in zip(hosts, pids, strict=True)]
+        hosts = [EmulatedHost(h.slice_name, h.worker_id, h.spec, pid, h.group)
+                 for h, pid in zip(hosts, pids, strict=True)]
     except BaseException as err:
         for proc in reversed(started):
             _signal_group(proc.pid, signal.SIGKILL)
@@ -275,9 +336,22 @@ def up(
         raise
     cluster = EmulatedCluster(
         name=name, address=address, dashboard_url=f"http://127.0.0.1:{dashboard_port}",
-        specs=[(f"{s.version}:{s.topology}", c) for s, c in shapes], head_pid=head.pid, hosts=hosts)
+        specs=[(f"{s.version}:{s.topology}", c) for s, c in shapes], head_pid=head.pid, hosts=hosts,
+        namespace=namespace, client_port=client_port)
     (folder / "cluster.json").write_text(cluster.to_json())
     return cluster
+
+
+def _manifest_env(group: HostGroup, *, cluster: str, namespace: str, replica: int,
+                  worker_id: int) -> dict[str, str]:
+    if not group.env:
+        return {}
+    labels = worker_pod_labels(group.shape, cluster=cluster, group=group.name, replica=replica,
+                               worker_id=worker_id)
+    env, _skipped = container_environment(
+        group.env, pod=pod_name(cluster, group.name, replica, worker_id), namespace=namespace,
+        labels=labels)
+    return env
 
 
 def _start_in_waves(folder: Path, nodes: list[tuple[str, dict[str, str], list[str]]],

@@ -12,11 +12,15 @@ Sources (see ``shared/kuberay/README.md`` for pinned commits):
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 from raytpu_lab.tpu.topology import SliceShape
 
 __all__ = [
     "group_name", "slice_name", "pod_name", "head_environment", "tpu_host_environment",
-    "emulated_jax_environment",
+    "emulated_jax_environment", "worker_pod_labels", "container_environment",
 ]
 
 _METRICS_BASE_PORT = 8431  # TPU_RUNTIME_METRICS_PORTS: one port per chip, from 8431 (device plugin)
@@ -64,6 +68,7 @@ def tpu_host_environment(
     head_host: str,
     gcs_port: int,
     namespace: str = "default",
+    group: str | None = None,
 ) -> dict[str, str]:
     """Environment of one TPU host pod, as GKE + KubeRay would give it.
 
@@ -75,13 +80,15 @@ def tpu_host_environment(
         head_host: Host name or IP of the Ray head (the head service on GKE).
         gcs_port: The head's GCS port (6379 on KubeRay).
         namespace: The Kubernetes namespace.
+        group: The worker group's ``groupName`` (``RAY_NODE_TYPE_NAME``; ``TPU_NAME`` is
+            ``<group>-<replica>``); :func:`group_name` of ``shape`` when ``None``.
 
     Returns:
         ``{variable: value}``; merge it over the parent environment before ``ray start``.
     """
     if not 0 <= worker_id < shape.num_hosts:
         raise ValueError(f"worker_id {worker_id} outside 0..{shape.num_hosts - 1} for {shape.pod_type}")
-    group = group_name(shape)
+    group = group or group_name(shape)
     tpu_name = slice_name(group, replica)
     pod = pod_name(cluster, group, replica, worker_id)
     head_svc = f"{cluster}-head-svc"
@@ -96,6 +103,7 @@ def tpu_host_environment(
         "RAY_PORT": str(gcs_port),
         "RAY_ADDRESS": f"{head_host}:{gcs_port}",
         "RAY_USAGE_STATS_KUBERAY_IN_USE": "1",
+        "RAY_DASHBOARD_ENABLE_K8S_DISK_USAGE": "1",
         # GKE TPU device plugin (layer 2)
         "TPU_ACCELERATOR_TYPE": shape.gke_accelerator_type,
         "TPU_TOPOLOGY": shape.topology,
@@ -128,3 +136,78 @@ def emulated_jax_environment(shape: SliceShape) -> dict[str, str]:
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={shape.devices_per_host}",
     }
+
+
+def worker_pod_labels(shape: SliceShape, *, cluster: str, group: str, replica: int,
+                      worker_id: int) -> dict[str, str]:
+    """Labels KubeRay puts on a TPU worker pod (``labelPod``; ``RayMultiHostIndexing`` on).
+
+    ``ray.io/worker-group-replica-name`` is ``<group>-<5 random chars>`` on GKE; here the replica
+    index stands in for the random part, so it is stable.
+    """
+    labels = {
+        "ray.io/is-ray-node": "yes", "ray.io/cluster": cluster, "ray.io/node-type": "worker",
+        "ray.io/group": group, "ray.io/identifier": f"{cluster}-worker",
+        "app.kubernetes.io/name": "kuberay", "app.kubernetes.io/created-by": "kuberay-operator",
+        "ray.io/worker-group-replica-index": str(replica),
+    }
+    if shape.num_hosts > 1:
+        labels["ray.io/worker-group-replica-name"] = f"{group}-r{replica:04d}"
+        labels["ray.io/replica-host-index"] = str(worker_id)
+    return labels
+
+
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+_INDEXED_FIELD = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")
+
+
+def container_environment(
+    entries: Iterable[Mapping[str, Any]], *, pod: str, namespace: str, labels: Mapping[str, str],
+    node_ip: str = "127.0.0.1", pod_ip: str = "127.0.0.1",
+) -> tuple[dict[str, str], list[str]]:
+    """A container's ``env`` list resolved as the kubelet would, for one pod.
+
+    ``value`` entries expand ``$(VAR)`` references to variables defined earlier in the list
+    (``$$`` is a literal ``$``; unknown references stay as written, as Kubernetes leaves them).
+    ``valueFrom.fieldRef`` reads the pod's own fields (``metadata.name``, ``metadata.namespace``,
+    ``metadata.labels['k']``, ``status.hostIP``, ``status.podIP``, ...). Secrets, config maps and
+    resource fields cannot be read off a cluster, so those variables are left out and named.
+
+    Args:
+        entries: The ``env`` list of the container spec.
+        pod: The pod's name.
+        namespace: Its namespace.
+        labels: Its labels.
+        node_ip: ``status.hostIP``.
+        pod_ip: ``status.podIP``.
+
+    Returns:
+        ``({name: value}, [skipped variable names with the reason])``.
+    """
+    fields = {"metadata.name": pod, "metadata.namespace": namespace, "metadata.uid": pod,
+              "spec.nodeName": f"node-{pod}", "spec.serviceAccountName": "default",
+              "status.hostIP": node_ip, "status.hostIPs": node_ip, "status.podIP": pod_ip,
+              "status.podIPs": pod_ip}
+    env: dict[str, str] = {}
+    skipped: list[str] = []
+    for entry in entries:
+        name = str(entry.get("name") or "")
+        if not name:
+            continue
+        if "valueFrom" not in entry:
+            env[name] = _VAR_REF.sub(lambda m: "$" if m.group(0) == "$$" else
+                                     env.get(m.group(1), m.group(0)), str(entry.get("value", "")))
+            continue
+        source = entry.get("valueFrom") or {}
+        path = str((source.get("fieldRef") or {}).get("fieldPath", ""))
+        indexed = _INDEXED_FIELD.match(path)
+        if path in fields:
+            env[name] = fields[path]
+        elif indexed and indexed.group(1) == "labels":
+            env[name] = str(labels.get(indexed.group(2), ""))
+        elif indexed:
+            env[name] = ""
+        else:
+            kind = next(iter(source), "valueFrom")
+            skipped.append(f"{name} ({kind} cannot be resolved off a cluster)")
+    return env, skipped

@@ -17,11 +17,18 @@ How chips are counted on one host (a Ray node with TPU labels), in chips (Ray's 
 A node that is not alive is a ``"dead"`` host; a worker id the slice should have but no node claims
 is a ``"missing"`` host (``node_id`` ``None``). Nodes without usable TPU labels go to
 :attr:`ClusterSnapshot.other_nodes` with the reason.
+
+On Kubernetes, ``planned`` slices (what the RayCluster asks for, with its pods' state; see
+:class:`PlannedSlice`) add what Ray cannot know: a host whose pod has not joined Ray yet is
+``"provisioning"`` (its ``detail`` says why, e.g. ``"Pending: Unschedulable: ..."``), a slice none of
+whose hosts has joined is listed anyway, and a slice KubeRay is deleting and recreating as a unit
+has ``phase`` ``"replacing"``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 from collections import Counter, defaultdict
@@ -45,6 +52,8 @@ __all__ = [
     "SliceState",
     "OtherNode",
     "ClusterSnapshot",
+    "PlannedHost",
+    "PlannedSlice",
     "build_snapshot",
 ]
 
@@ -56,8 +65,8 @@ LABEL_ACCELERATOR = "ray.io/accelerator-type"
 _TPU_LABELS = (LABEL_SLICE, LABEL_WORKER, LABEL_TOPOLOGY, LABEL_POD_TYPE)
 RESERVATION_PREFIX = "raytpu:"
 """Placement groups named ``"raytpu:<name>"`` are reservation ``<name>``."""
-HOST_STATES = ("free", "reserved", "busy", "dead", "missing")
-SLICE_STATES = ("free", "reserved", "busy", "partial", "degraded")
+HOST_STATES = ("free", "reserved", "busy", "dead", "missing", "provisioning")
+SLICE_STATES = ("free", "reserved", "busy", "partial", "degraded", "provisioning", "replacing")
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,7 @@ class HostState:
         chips_reserved: Chips held by placement-group bundles.
         chips_busy: Chips in use outside any bundle.
         chips_per_host: Chips the topology expects on this host.
+        detail: Why a host is not up, from Kubernetes (pod phase and reason), else ``""``.
     """
 
     worker_id: int
@@ -90,11 +100,12 @@ class HostState:
     chips_reserved: int = 0
     chips_busy: int = 0
     chips_per_host: int = 0
+    detail: str = ""
 
     @property
     def alive(self) -> bool:
-        """The node is up (neither dead nor missing)."""
-        return self.state not in ("dead", "missing")
+        """The node is up (neither dead, missing nor provisioning)."""
+        return self.state not in ("dead", "missing", "provisioning")
 
     def chip_states(self) -> list[str]:
         """Per-chip states, ``chips_per_host`` long: reserved, then busy, then free chips.
@@ -130,6 +141,9 @@ class SliceState:
         owners: Owners holding chips on the slice, in worker-id order of first appearance.
         head_locked: Worker 0's ``TPU-<pod type>-head`` resource is held (a slice reservation
             holds it, or is being made).
+        phase: From Kubernetes: ``"provisioning"`` (hosts still joining), ``"replacing"``
+            (KubeRay is deleting and recreating the slice), else ``""``.
+        group: The KubeRay worker group, when known from Kubernetes.
     """
 
     name: str
@@ -142,6 +156,8 @@ class SliceState:
     reasons: list[str]
     owners: list[str]
     head_locked: bool = False
+    phase: str = ""
+    group: str = ""
 
     @property
     def hosts_alive(self) -> int:
@@ -182,11 +198,14 @@ class SliceState:
     def state(self) -> str:
         """One of :data:`SLICE_STATES`.
 
+        ``phase`` when Kubernetes reports one (``"provisioning"`` / ``"replacing"``);
         ``"degraded"`` when health is degraded; ``"reserved"`` when bundles hold every chip;
         ``"free"`` when every chip is free and the head is not locked; ``"busy"`` when no chip is
         free; otherwise ``"partial"`` (also: all chips free but the head locked).
         """
         total = self.chips_total
+        if self.phase:
+            return self.phase
         if self.health != "intact":
             return "degraded"
         if total and self.chips_reserved == total:
@@ -209,7 +228,8 @@ class SliceState:
             "topology": self.topology, "shape": asdict(self.shape),
             "hosts": [h.to_dict() for h in self.hosts], "health": self.health,
             "reasons": list(self.reasons), "owners": list(self.owners),
-            "head_locked": self.head_locked, "state": self.state,
+            "head_locked": self.head_locked, "state": self.state, "phase": self.phase,
+            "group": self.group,
             "hosts_alive": self.hosts_alive, "hosts_expected": self.hosts_expected,
             "chips_total": self.chips_total, "chips_free": self.chips_free,
             "chips_expected": self.chips_expected,
@@ -241,6 +261,49 @@ class OtherNode:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of the fields."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class PlannedHost:
+    """A host Kubernetes knows about (one pod), for hosts Ray may not show yet.
+
+    Attributes:
+        worker_id: Host index in the slice (label ``ray.io/replica-host-index``; 0 on single-host).
+        pod: Pod name; ``""`` when KubeRay has not created the pod.
+        phase: Pod phase (``Pending``, ``Running``, ``Failed``...), ``""`` without a pod.
+        detail: Why it is not up, e.g. ``"Pending: Unschedulable: 0/3 nodes are available"``.
+        terminating: The pod is being deleted (``metadata.deletionTimestamp`` set).
+    """
+
+    worker_id: int
+    pod: str = ""
+    phase: str = ""
+    detail: str = ""
+    terminating: bool = False
+
+
+@dataclass(frozen=True)
+class PlannedSlice:
+    """A slice a RayCluster asks for, with what Kubernetes says about its pods.
+
+    Attributes:
+        name: Its ``TPU_NAME``, ``<group>-<replica>``.
+        group: The worker group.
+        version: Ray's accelerator version.
+        topology: e.g. ``"4x4"``.
+        chips_per_host: ``google.com/tpu`` per pod.
+        hosts: What is known per host (any subset of worker ids).
+        replacing: KubeRay is deleting and recreating the slice as a unit (a pod of it is
+            terminating, failed, or missing while others exist).
+    """
+
+    name: str
+    group: str
+    version: str
+    topology: str
+    chips_per_host: int
+    hosts: tuple[PlannedHost, ...] = ()
+    replacing: bool = False
 
 
 @dataclass(frozen=True)
@@ -519,7 +582,8 @@ def _other(node: Mapping[str, Any], reason: str) -> OtherNode:
 
 def build_snapshot(raw: Mapping[str, Any], *, reservations: Mapping[str, str] | None = None,
                    expected_hosts: Mapping[str, int] | None = None,
-                   jobs: Mapping[str, str] | None = None) -> ClusterSnapshot:
+                   jobs: Mapping[str, str] | None = None,
+                   planned: Iterable[PlannedSlice] | None = None) -> ClusterSnapshot:
     """Turn raw Ray state into slices, hosts and chips.
 
     Args:
@@ -532,6 +596,9 @@ def build_snapshot(raw: Mapping[str, Any], *, reservations: Mapping[str, str] | 
         jobs: ``{placement group id: run label}`` of running jobs (e.g. a JaxTrainer run this
             session launched, ``"run digits"``): their chips count as ``busy`` with that owner
             rather than ``reserved``.
+        planned: Slices Kubernetes expects (a RayCluster's worker groups and pods): hosts not in
+            Ray become ``"provisioning"``, absent slices are listed, replaced ones get phase
+            ``"replacing"``. ``None`` (no Kubernetes) changes nothing.
 
     Returns:
         The :class:`ClusterSnapshot`. Never raises on odd labels: such nodes land in
@@ -554,5 +621,68 @@ def build_snapshot(raw: Mapping[str, Any], *, reservations: Mapping[str, str] | 
     job_owners = frozenset(jobs.values()) if jobs else frozenset()
     slices = [_build_slice(name, by_slice[name], expected_hosts.get(name), held, locked, other,
                            job_owners) for name in sorted(by_slice)]
+    if planned is not None:
+        slices = _apply_plan(slices, planned)
     return ClusterSnapshot(fetched_at=float(raw.get("fetched_at") or 0.0), slices=slices,
                            other_nodes=other, head_node_id=head_node_id, pending_owners=pending)
+
+
+def _planned_detail(host: PlannedHost | None) -> str:
+    if host is None or not host.pod:
+        return "pod not created yet"
+    if host.terminating:
+        return f"pod {host.pod} terminating"
+    return f"pod {host.pod} {host.detail or host.phase or 'starting'}"
+
+
+def _with_plan(s: SliceState, plan: PlannedSlice) -> SliceState:
+    by_worker = {h.worker_id: h for h in plan.hosts}
+    hosts, reasons = [], [r for r in s.reasons
+                          if not (r == "no worker 0" or (r.startswith("worker ") and r.endswith(" missing")))]
+    waiting = 0
+    for h in s.hosts:
+        info = by_worker.get(h.worker_id)
+        if h.state == "missing":
+            detail = _planned_detail(info)
+            h = dataclasses.replace(h, state="provisioning", detail=detail)
+            reasons.append(f"worker {h.worker_id} provisioning ({detail})")
+            waiting += 1
+        elif info is not None and (info.terminating or info.phase == "Failed"):
+            h = dataclasses.replace(h, detail=_planned_detail(info))
+        hosts.append(h)
+    phase = "replacing" if plan.replacing else "provisioning" if waiting else ""
+    if plan.replacing:
+        reasons.insert(0, "KubeRay is replacing the slice (its pods are recreated as a unit)")
+    return dataclasses.replace(s, hosts=hosts, reasons=list(dict.fromkeys(reasons)), phase=phase,
+                               group=plan.group, health="degraded" if reasons else s.health)
+
+
+def _absent_slice(plan: PlannedSlice) -> SliceState | None:
+    shape = _cached_shape(plan.version, plan.topology, plan.chips_per_host)
+    if isinstance(shape, InvalidTopologyError):
+        return None
+    by_worker = {h.worker_id: h for h in plan.hosts}
+    hosts = [HostState(w, None, "", "provisioning", 0, 0, None, chips_per_host=shape.chips_per_host,
+                       detail=_planned_detail(by_worker.get(w))) for w in range(shape.num_hosts)]
+    pods = sum(1 for h in plan.hosts if h.pod)
+    reasons = [f"none of {shape.num_hosts} host(s) joined Ray yet ({pods} pod(s) created)"]
+    reasons += [f"worker {h.worker_id}: {h.detail}" for h in hosts if h.detail != "pod not created yet"]
+    if plan.replacing:
+        reasons.insert(0, "KubeRay is replacing the slice (its pods are recreated as a unit)")
+    return SliceState(name=plan.name, pod_type=shape.pod_type, version=shape.version,
+                      topology=shape.topology, shape=shape, hosts=hosts, health="degraded",
+                      reasons=reasons, owners=[], phase="replacing" if plan.replacing else "provisioning",
+                      group=plan.group)
+
+
+def _apply_plan(slices: list[SliceState], planned: Iterable[PlannedSlice]) -> list[SliceState]:
+    """Merge what Kubernetes expects into the slices Ray shows (see :func:`build_snapshot`)."""
+    by_name = {s.name: s for s in slices}
+    for plan in planned:
+        if plan.name in by_name:
+            by_name[plan.name] = _with_plan(by_name[plan.name], plan)
+        else:
+            absent = _absent_slice(plan)
+            if absent is not None:
+                by_name[plan.name] = absent
+    return [by_name[n] for n in sorted(by_name)]

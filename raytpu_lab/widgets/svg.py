@@ -35,6 +35,7 @@ STATE_COLORS: dict[str, str] = {
     "busy": "#f9ab00",
     "dead": "#d93025",
     "missing": "#bdc1c6",
+    "provisioning": "#e8eaed",
 }
 """Fill colour of a chip (or a host, when drawn without chips) per state."""
 MAX_HOSTS_WITH_CHIPS = 64
@@ -106,7 +107,7 @@ def _layout(s: SliceState) -> tuple[bool, float, float, int]:
 def _host_svg(s: SliceState, h: HostState, x: float, y: float, w: float, hh: float,
               with_chips: bool) -> list[str]:
     color = STATE_COLORS.get(h.state, "#000")
-    dash = ' stroke-dasharray="3 2"' if h.state in ("missing", "dead") else ""
+    dash = ' stroke-dasharray="3 2"' if h.state in ("missing", "dead", "provisioning") else ""
     head = (f'<g class="host" data-slice="{_e(s.name)}" data-worker="{h.worker_id}" '
             f'data-state="{_e(h.state)}"><title>{_e(_host_tooltip(s, h))}</title>')
     if not with_chips:

@@ -46,7 +46,7 @@ function hostPos(g, w) {  // worker id -> host grid coordinate, x fastest (Slice
 function chipStates(states, row, perHost) {  // HostState.chip_states
   const [code, free, reserved, busy] = row;
   const st = states[code];
-  if (st === "dead" || st === "missing") return Array(perHost).fill(st);
+  if (st === "dead" || st === "missing" || st === "provisioning") return Array(perHost).fill(st);
   const out = [...Array(reserved).fill("reserved"), ...Array(busy).fill("busy"),
     ...Array(free).fill("free")];
   while (out.length < perHost) out.push("missing");
@@ -146,7 +146,7 @@ function render({ model, el }) {
     const st = states()[row[0]] || "missing";
     e.setAttribute("data-state", st);
     const frame = e.firstChild;
-    const dash = st === "dead" || st === "missing" ? "3 2" : "none";
+    const dash = st === "dead" || st === "missing" || st === "provisioning" ? "3 2" : "none";
     frame.setAttribute("stroke-dasharray", dash);
     if (e.classList.contains("cell")) { frame.setAttribute("fill", colors()[st]); return; }
     frame.setAttribute("stroke", colors()[st]);
@@ -332,7 +332,7 @@ function render({ model, el }) {
       let free = 0, total = 0;
       data.hosts.forEach((rows) => rows.forEach((r) => {
         const st = states()[r[0]];
-        if (st !== "dead" && st !== "missing") { free += r[1]; total += r[1] + r[2] + r[3]; }
+        if (st !== "dead" && st !== "missing" && st !== "provisioning") { free += r[1]; total += r[1] + r[2] + r[3]; }
       }));
       parts.push(`${slices().length} slices · ${totalHosts()} hosts · chips free ${free}/${total}`);
       if (data.other) parts.push(`${data.other} other node${data.other === 1 ? "" : "s"}`);

@@ -165,7 +165,7 @@ def test_dom_contract_counts(two_slices) -> None:
     assert _count(page, f'.slice[data-slice="{S0}"].highlight') == 1
     assert _count(page, ".slice.highlight") == 1
     legend = page.locator(".raytpu-map-bar .legend").all_inner_texts()
-    assert [t.strip() for t in legend] == ["free", "reserved", "busy", "dead", "missing"]
+    assert [t.strip() for t in legend] == ["free", "reserved", "busy", "dead", "missing", "provisioning"]
     status = page.locator(".raytpu-map-status").inner_text()
     assert "2 slices · 8 hosts · chips free 16/32" in status
     assert page.evaluate("window.__sent.map(m => m.type)") == ["request_full"]

@@ -46,7 +46,7 @@ def test_construct_lays_out_slices_and_hosts(idle_map: TopologyMap) -> None:
     assert [g["name"] for g in geo["slices"]] == [S0, S1]
     assert geo["slices"][0]["grid"] == [2, 2] and geo["slices"][0]["block"] == [2, 2]
     assert geo["slices"][0]["hosts"] == 4
-    assert geo["states"] == ["free", "reserved", "busy", "dead", "missing"]
+    assert geo["states"] == ["free", "reserved", "busy", "dead", "missing", "provisioning"]
     full = idle_map._full_message()
     assert full["type"] == "full" and full["geometry_rev"] == geo["rev"]
     assert [len(rows) for rows in full["hosts"]] == [4, 4]
