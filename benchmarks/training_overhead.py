@@ -13,7 +13,9 @@ script with Ray Train's ``JaxTrainer`` and no dashboard; alternated, side by sid
 
 ``RAYTPU_EMULATOR_ROOT=/tmp/<id> .venv/bin/python benchmarks/training_overhead.py [--pairs 3]``;
 last line ``RESULT {json}`` with ``steps_per_s_ratio_median`` (magic / plain, target >= 0.98),
-``frontend_bytes_per_s`` and ``frontend_msgs_per_s`` (medians over the magic runs).
+``frontend_bytes_per_s`` and ``frontend_msgs_per_s`` (medians over the magic runs, everything the
+cell sent, one-time widget code and the final static copy included) and the live updates alone
+(``frontend_live_update_*``: widget ``comm_msg`` traffic while the run streams).
 """
 
 from __future__ import annotations
@@ -102,10 +104,14 @@ class Kernel:
         self.kc.wait_for_ready(timeout=60)
 
     def run(self, code: str, timeout_s: float = 600) -> tuple[dict, int, int, float, str]:
-        """Execute ``code``; returns (reply content, iopub messages, iopub bytes, seconds, text)."""
+        """Execute ``code``; returns (reply content, iopub messages, iopub bytes, seconds, text).
+
+        ``self.by_type`` gets ``{msg_type: [messages, bytes]}`` of the last call.
+        """
         msg_id = self.kc.execute(code)
         start = time.monotonic()
         msgs = size = 0
+        self.by_type: dict[str, list[int]] = {}
         text: list[str] = []
         while True:
             try:
@@ -121,9 +127,16 @@ class Kernel:
                 continue
             if kind in ("execute_input",):
                 continue
-            msgs += 1
-            size += len(json.dumps(msg["content"], default=str)) + sum(
+            nbytes = len(json.dumps(msg["content"], default=str)) + sum(
                 len(b) for b in msg.get("buffers") or [])
+            msgs += 1
+            size += nbytes
+            # comm_open carries each widget's front-end code (plotly's FigureWidget ships
+            # plotly.js, ~4.7 MB, once per figure); the last update_display_data is the static copy.
+            kind_key = kind if kind != "comm_msg" else "comm_msg (live updates)"
+            counts = self.by_type.setdefault(kind_key, [0, 0])
+            counts[0] += 1
+            counts[1] += nbytes
             if kind == "stream":
                 text.append(msg["content"]["text"])
             elif kind == "error":
@@ -147,7 +160,7 @@ def main() -> int:
         stale.down()
     cluster = emulator.up([("v6e:4x4", 1)], name=CLUSTER)
     kernel = None
-    ratios, rates_bytes, rates_msgs = [], [], []
+    ratios, rates_bytes, rates_msgs, live_bytes, live_msgs = [], [], [], [], []
     try:
         kernel = Kernel()
         reply, *_, text = kernel.run(
@@ -168,6 +181,10 @@ def main() -> int:
                     assert reply["status"] == "ok", text[-3000:]
                     rates_bytes.append(size / elapsed)
                     rates_msgs.append(msgs / elapsed)
+                    live = kernel.by_type.get("comm_msg (live updates)", [0, 0])
+                    live_bytes.append(live[1] / elapsed)
+                    live_msgs.append(live[0] / elapsed)
+                    print(f"  by message type [count, bytes]: {kernel.by_type}", flush=True)
                     print(f"pair {i} magic: {msgs} front-end messages, {size} bytes in "
                           f"{elapsed:.1f} s", flush=True)
                 else:
@@ -190,6 +207,8 @@ def main() -> int:
               "ratios": [round(r, 3) for r in ratios],
               "frontend_bytes_per_s": round(statistics.median(rates_bytes)),
               "frontend_msgs_per_s": round(statistics.median(rates_msgs), 2),
+              "frontend_live_update_bytes_per_s": round(statistics.median(live_bytes)),
+              "frontend_live_update_msgs_per_s": round(statistics.median(live_msgs), 2),
               "steps": STEPS, "pairs": args.pairs, "target_ratio": 0.98}
     print("RESULT " + json.dumps(result))
     return 0

@@ -101,7 +101,7 @@ class RunHandle:
         self._controller: Any = None
         self._pg_ids: list[str] = []
         self._known_pgs = set(known_pgs or ())
-        self._pids: set[int] = set()
+        self._pids: set[str] = set()  # the workers' pids, as Ray's log batches carry them
         self._stop_requested = threading.Event()
         self._fit_done = threading.Event()
         self._done = threading.Event()
@@ -255,7 +255,7 @@ class RunHandle:
             self._fit_done.set()
 
     def _drain_loop(self) -> None:
-        mute = (_ray_private.muted_worker_logs(lambda batch: batch.get("pid") in self._pids)
+        mute = (_ray_private.muted_worker_logs(lambda batch: str(batch.get("pid")) in self._pids)
                 if self._mute else None)
         try:
             if mute is not None:
@@ -292,8 +292,8 @@ class RunHandle:
                 for row in item:
                     if row.get("kind") == "placement":
                         update.workers.append(row)
-                        if isinstance(row.get("pid"), int):
-                            self._pids.add(row["pid"])
+                        if row.get("pid") is not None:
+                            self._pids.add(str(row["pid"]))
                     elif row.get("kind") == "error":
                         update.errors.append(row)
         for item in _take_all(self._logs):
