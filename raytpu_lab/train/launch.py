@@ -73,7 +73,8 @@ class _Announce:
         self._queue = queue
 
     def __call__(self, handle: Any) -> None:
-        self._queue.put_nowait({"kind": "controller", "handle": handle})
+        # Runs in the controller actor: its pid is the one Ray's log batches carry for it.
+        self._queue.put_nowait({"kind": "controller", "handle": handle, "pid": os.getpid()})
 
 
 def start_jax(
@@ -172,8 +173,9 @@ def start_run(
         listener: Gets every update (records, placement, logs, errors) and the end of the run.
         poll_interval_s: How often the drain thread empties the queues, seconds (listeners are
             called at most this often).
-        mute_driver_logs: Keep Ray from also printing this run's worker logs in the driver (a
-            dashboard shows them instead; Ray's log files still have them).
+        mute_driver_logs: Keep Ray from also printing this run's worker and controller logs in
+            the driver, until 10 s after it ends (a dashboard shows them instead; Ray's log files
+            keep them).
         log_flush_interval_s: How often each worker ships its new log lines, seconds.
 
     Returns:

@@ -34,6 +34,7 @@ __all__ = ["RunHandle", "RunListener", "RunUpdate", "STOP_TIMEOUT_S"]
 
 STOP_TIMEOUT_S = 10.0
 _ABORT_GRACE_S = 4.0
+_MUTE_GRACE_S = 10.0
 _LIVE: set[RunHandle] = set()  # runs of this process not yet done (their placement groups)
 
 
@@ -277,8 +278,10 @@ class RunHandle:
                     self.listener_error = f"{type(err).__name__}: {err}"
             self._done.set()
             _LIVE.discard(self)
-            if mute is not None:
-                mute.__exit__(None, None, None)
+            if mute is not None:  # Ray forwards log lines a second or two late: keep muting
+                unmute = threading.Timer(_MUTE_GRACE_S, mute.__exit__, (None, None, None))
+                unmute.daemon = True
+                unmute.start()
 
     def _drain_once(self) -> None:
         update = RunUpdate(elapsed_s=time.monotonic() - self._start)
@@ -288,6 +291,7 @@ class RunHandle:
                 update.records.extend(item["rows"])
             elif kind == "controller":
                 self._controller = item["handle"]
+                self._pids.add(str(item.get("pid")))
             elif isinstance(item, list):  # the worker tap's rows
                 for row in item:
                     if row.get("kind") == "placement":
