@@ -5,9 +5,13 @@ Checked against Ray 2.60.0.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["available_resources_per_node", "ensure_auth_token", "enable_token_auth"]
+__all__ = ["abort_train_controller", "remove_placement_group_by_id", "available_resources_per_node", "controller_announcer",
+           "ensure_auth_token", "enable_token_auth", "muted_worker_logs"]
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
@@ -41,3 +45,109 @@ def enable_token_auth() -> None:
     from ray._private.authentication import authentication_token_setup as setup
 
     setup._enable_token_auth()
+
+
+@functools.cache
+def _announcer_class() -> type:
+    # Built on first use so that importing this module does not import Ray Train. Defined in a
+    # function, cloudpickle ships the class by value to the controller actor.
+    from ray.train.v2._internal.execution.callback import ControllerCallback
+
+    class _AnnounceController(ControllerCallback):  # type: ignore[misc]
+        def __init__(self, send: Callable[[Any], None]) -> None:
+            self._send = send
+
+        def after_controller_start(self, train_run_context: Any) -> None:
+            import ray
+
+            try:
+                self._send(ray.get_runtime_context().current_actor)
+            except Exception:  # never fail the run for the sake of the Stop button
+                pass
+
+    return _AnnounceController
+
+
+def controller_announcer(send: Callable[[Any], None]) -> Any:
+    """A Ray Train callback that calls ``send(controller actor handle)`` when the run starts.
+
+    Ray Train V2 (2.60) runs each ``fit()`` in a ``TrainController`` actor and keeps its handle
+    private to ``fit()`` (where only a SIGINT handler in the main thread can reach it). A
+    ``ControllerCallback`` (``ray.train.v2._internal.execution.callback``; ``RunConfig`` accepts
+    any ``RayTrainCallback``) runs inside that actor, so it can hand out the handle; ``send`` runs
+    there too (e.g. a ``ray.util.queue.Queue.put_nowait``).
+    """
+    return _announcer_class()(send)
+
+
+def remove_placement_group_by_id(pg_id: str) -> None:
+    """``ray.util.remove_placement_group`` for a placement group known only by its hex id (as
+    ``ray.util.placement_group_table()`` lists it); building the handle needs Ray's id class."""
+    import ray
+    from ray.util.placement_group import PlacementGroup
+
+    ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(pg_id)))
+
+
+def abort_train_controller(controller: Any, timeout_s: float) -> None:
+    """Abort a Ray Train V2 run from any thread: what ``fit()``'s own SIGINT handler does.
+
+    ``TrainController.abort`` (Ray 2.60, ``ray/train/v2/_internal/execution/controller``) runs the
+    abort callbacks, shuts the worker group down (which removes its placement group) and exits the
+    actor, so the call itself ends in ``RayActorError``. While the controller starts its worker
+    group it does not serve calls (``WorkerGroup._start`` blocks its event loop on ``ray.get``), so
+    if abort has not finished within ``timeout_s`` seconds the actor is killed instead: its
+    workers die with it, but a placement group it made stays (Ray Train registers it with its
+    cleaner only once the group has started); the caller must remove that one.
+    """
+    import ray
+
+    try:
+        ray.get(controller.abort.remote(), timeout=timeout_s)
+    except ray.exceptions.RayActorError:
+        return  # the controller exited, as abort() does
+    except ray.exceptions.GetTimeoutError:
+        ray.kill(controller, no_restart=True)
+
+
+_MUTED: list[Callable[[dict[str, Any]], bool]] = []
+
+
+@contextlib.contextmanager
+def muted_worker_logs(is_muted: Callable[[dict[str, Any]], bool]) -> Iterator[None]:
+    """Stop Ray from printing some workers' log batches in this driver while the block runs.
+
+    Ray's driver prints every worker's stdout/stderr (``ray.init(log_to_driver=True)``) through
+    the handler ``"ray_print_logs"`` of ``ray._private.ray_logging.global_worker_stdstream_dispatcher``,
+    from a background thread; in a notebook that floods whichever cell connected. For a run whose
+    logs a dashboard shows, batches for which ``is_muted(batch)`` is true (``batch`` has ``pid``,
+    ``ip``, ``lines``...) are dropped; Ray's log files and other workers are untouched. Blocks may
+    overlap (runs in the background).
+    """
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    with dispatcher._lock:
+        _MUTED.append(is_muted)
+        dispatcher.handlers = [
+            (name, _filtered(handler) if name == "ray_print_logs"
+             and not hasattr(handler, "_raytpu_filter") else handler)
+            for name, handler in dispatcher.handlers]
+    try:
+        yield
+    finally:
+        with dispatcher._lock:
+            _MUTED.remove(is_muted)
+
+
+def _filtered(handler: Callable[[Any], None]) -> Callable[[Any], None]:
+    def handle(data: Any) -> None:
+        for muted in list(_MUTED):
+            try:
+                if isinstance(data, dict) and muted(data):
+                    return
+            except Exception:
+                continue
+        handler(data)
+
+    handle._raytpu_filter = True  # type: ignore[attr-defined]
+    return handle

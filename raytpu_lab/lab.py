@@ -32,7 +32,8 @@ from raytpu_lab.reserve import Reservation, diagnose, reserve
 from raytpu_lab.state.fetch import fetch_raw_state
 from raytpu_lab.state.model import ClusterSnapshot, build_snapshot
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
-from raytpu_lab.train.launch import RunResult, launch_jax
+from raytpu_lab.train.launch import RunHandle, RunListener, RunResult, RunUpdate, start_jax
+from raytpu_lab.train.worker_tap import accepts_config
 from raytpu_lab.widgets.status import StatusView
 from raytpu_lab.widgets.topology_map import TopologyMap
 
@@ -289,10 +290,11 @@ class Lab:
                   storage_path: str | None = None, wait_s: float = 60.0,
                   on_launch: Callable[[], None] | None = None,
                   on_records: Callable[[list[dict[str, Any]]], None] | None = None) -> RunResult:
-        """Train with Ray Train's ``JaxTrainer`` on ``slices`` whole slices (one worker per host).
+        """Train with Ray Train's ``JaxTrainer`` on ``slices`` whole slices (one worker per host);
+        block until the run ends. :meth:`start_jax` without waiting; Ctrl-C stops the run.
 
         Args:
-            train_fn: Per-worker function ``f(config)``; calls ``ray.train.report``.
+            train_fn: Per-worker function ``f(config)`` or ``f()``; calls ``ray.train.report``.
             topology: e.g. ``"4x4"``.
             version: e.g. ``"v6e"``.
             slices: Slices (multi-slice when > 1).
@@ -305,9 +307,33 @@ class Lab:
 
         Raises:
             InvalidTopologyError: Bad topology (before Ray is asked).
+            TrainingConfigError: Bad config or a function Ray Train cannot call (before launch).
             NotConnectedError: No cluster connected.
             NoSliceAvailableError: Not enough intact idle slices within ``wait_s``.
-            TrainingError: The workers raised (the slices are freed).
+            TrainingError: The workers raised (the slices are freed); names rank, host, traceback.
+            KeyboardInterrupt: Interrupted; the run was stopped and its slices freed first.
+        """
+        return self.start_jax(train_fn, topology, version, slices=slices, name=name,
+                              config=config, storage_path=storage_path, wait_s=wait_s,
+                              on_launch=on_launch, on_records=on_records).wait()
+
+    def start_jax(self, train_fn: Callable[..., Any], topology: str, version: str, *,
+                  slices: int = 1, name: str | None = None, config: dict[str, Any] | None = None,
+                  storage_path: str | None = None, wait_s: float = 60.0,
+                  on_launch: Callable[[], None] | None = None,
+                  on_records: Callable[[list[dict[str, Any]]], None] | None = None,
+                  listener: RunListener | None = None, mute_driver_logs: bool = False,
+                  ) -> RunHandle:
+        """Start a ``JaxTrainer`` run (as :meth:`train_jax`) and return its handle at once.
+
+        ``handle.wait()`` blocks for the :class:`RunResult`, ``handle.stop()`` aborts the run and
+        frees its slices (within 10 s), ``handle.result`` fills while it runs. ``listener`` (e.g.
+        a :class:`~raytpu_lab.widgets.run_dashboard.RunDashboard`) gets every update;
+        ``mute_driver_logs`` keeps Ray from also printing the workers' output in this kernel.
+
+        Raises:
+            The errors of :meth:`train_jax` raised before launch; worker errors come from
+            ``handle.wait()``.
         """
         shape = SliceShape.of(version, topology)
         _require_positive("slices", slices)
@@ -316,24 +342,45 @@ class Lab:
                 f"The training config is a {type(config).__name__}, not a dict.",
                 why="Ray Train passes train_loop_config to the function as a dict.",
                 fix="Pass a dict, e.g. --config \"{'steps': 100}\".")
-        self._require_connection("launch a JaxTrainer run")
+        accepts_config(train_fn)
+        run_name = name or f"jax-{time.strftime('%H%M%S')}"
+        return self._start_run(
+            lambda **kw: start_jax(train_fn, shape, name=run_name, num_slices=slices,
+                                   config=config, storage_path=storage_path, **kw),
+            shape, slices, run_name, wait_s=wait_s, on_launch=on_launch, on_records=on_records,
+            listener=listener, mute_driver_logs=mute_driver_logs)
+
+    def _start_run(self, start: Callable[..., RunHandle], shape: SliceShape, slices: int,
+                   run_name: str, *, wait_s: float, on_launch: Callable[[], None] | None,
+                   on_records: Callable[[list[dict[str, Any]]], None] | None,
+                   listener: RunListener | None, mute_driver_logs: bool) -> RunHandle:
+        """Checks, launch and bookkeeping shared by every trainer: ``start(**kwargs)`` calls
+        :func:`~raytpu_lab.train.launch.start_run` (through ``start_jax``...) with ours."""
+        self._require_connection(f"launch run {run_name!r}")
         self._wait_for_idle(shape, slices, wait_s)
         if on_launch is not None:
             on_launch()
-        run_name = name or f"jax-{time.strftime('%H%M%S')}"
+        label = f"run {run_name}"
 
         def placed(slice_names: list[str], pg_ids: list[str]) -> None:
-            self._jobs.update({pg: f"run {run_name}" for pg in pg_ids})
+            self._jobs.update({pg: label for pg in pg_ids})
             self._highlight(set(slice_names))
 
-        try:
-            run = launch_jax(train_fn, shape, name=run_name, num_slices=slices, config=config,
-                             storage_path=storage_path, snapshot=self.snapshot,
-                             on_records=on_records, on_placement=placed)
-        finally:
-            self._jobs = {pg: label for pg, label in self._jobs.items() if label != f"run {run_name}"}
-        self.last_run = run
-        return run
+        lab = self
+
+        class _Bookkeeping:
+            def on_update(self, update: RunUpdate) -> None:
+                if listener is not None:
+                    listener.on_update(update)
+
+            def on_end(self, result: RunResult) -> None:
+                lab._jobs = {pg: v for pg, v in lab._jobs.items() if v != label}
+                lab.last_run = result
+                if listener is not None:
+                    listener.on_end(result)
+
+        return start(snapshot=self.snapshot, on_records=on_records, on_placement=placed,
+                     listener=_Bookkeeping(), mute_driver_logs=mute_driver_logs)
 
     # -- KubeRay ---------------------------------------------------------------------------
 

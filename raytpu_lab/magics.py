@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
 import shlex
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, NoReturn
 
+from IPython import get_ipython
+from IPython.core.async_helpers import _asyncio_runner
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.display import HTML, display
+from IPython.display import display
 
 from raytpu_lab.cluster.emulator import DEFAULT_NAME
 from raytpu_lab.errors import RaytpuError, TrainingConfigError
 from raytpu_lab.lab import get_lab
-from raytpu_lab.widgets.run_chart import RunChart
+from raytpu_lab.train.run import RunHandle
+from raytpu_lab.widgets.run_dashboard import RunDashboard
 
-__all__ = ["RaytpuMagics", "build_parser"]
+__all__ = ["RaytpuMagics", "WatchedRun", "build_parser"]
 
 
 class _HelpShown(Exception):
@@ -55,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="raytpu", description="Ray on Cloud TPUs from a notebook.",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    # Set by _await_run_cells: the cell awaits the run, so the kernel keeps serving widgets.
+    parser.add_argument("--await", dest="await_", action="store_true", help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     up = sub.add_parser("up", help="start a local emulated TPU cluster and connect to it")
@@ -121,8 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "function used is the only one defined, else train_loop_per_worker, else\n"
                     "--fn NAME. Ray Train's JaxTrainer runs it with one worker per TPU host on\n"
                     "--slices whole slices (ScalingConfig(use_tpu=True, topology, accelerator_type)).\n"
-                    "A live loss / step-time chart shows rank 0's 'loss' and 'step_time_s'; the\n"
-                    "result (records of every rank, summary) is left in --out (default last_run).")
+                    "A live dashboard shows every rank's metrics (any reported key), where each\n"
+                    "rank runs, its logs, and a Stop button (Stop or a kernel interrupt aborts the\n"
+                    "run and frees its slices). The result (records, placement, logs, summary) is\n"
+                    "left in --out (default last_run); with --background the cell returns at once\n"
+                    "and --out holds the run: last_run.wait(), last_run.stop(), last_run.result.")
     jax.add_argument("--topology", required=True, help="slice topology, e.g. 4x4")
     jax.add_argument("--version", required=True, help="accelerator version, e.g. v6e")
     jax.add_argument("--slices", type=int, default=1, help="slices (default 1)")
@@ -131,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     jax.add_argument("--config", help="Python expression for train_loop_config, e.g. \"{'steps': 100}\"")
     jax.add_argument("--out", default="last_run", help="variable for the result (default last_run)")
     jax.add_argument("--storage", help="Ray Train storage path")
+    jax.add_argument("--background", action="store_true",
+                     help="return at once; other cells run while the dashboard streams")
     return parser
 
 
@@ -143,6 +154,12 @@ def _kube_options(parser: argparse.ArgumentParser) -> None:
 @magics_class
 class RaytpuMagics(Magics):
     """``%raytpu COMMAND ...`` and ``%%raytpu jax ...``; ``%raytpu --help`` lists the commands."""
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        cleanup = getattr(shell, "input_transformers_cleanup", None)
+        if isinstance(cleanup, list) and _await_run_cells not in cleanup:
+            cleanup.append(_await_run_cells)
 
     @line_cell_magic
     def raytpu(self, line: str, cell: str | None = None) -> Any:
@@ -158,23 +175,13 @@ class RaytpuMagics(Magics):
             return None
         handler: Callable[[argparse.Namespace, str | None], Any] = getattr(self, f"_do_{args.command}")
         try:
-            return handler(args, cell)
-        except RaytpuError as err:
-            if not args.debug:
-                err.__traceback__ = None
-                err.__cause__ = err.__context__ = None
-            raise  # shown by IPython through RaytpuError._render_traceback_: one short block
-        except KeyboardInterrupt:
-            if args.debug:
-                raise
-            raise _Brief(f"raytpu {args.command}: interrupted.") from None
-        except (UsageError, _Brief):
-            raise
-        except Exception as err:
-            if args.debug:
-                raise
-            raise _Brief(f"raytpu {args.command}: {type(err).__name__}: {err}\n"
-                         "(run again with --debug for the traceback)") from None
+            result = handler(args, cell)
+        except BaseException as err:
+            _brief_errors(args, err)
+            raise  # not reached: _brief_errors always raises
+        if asyncio.iscoroutine(result):
+            return _with_brief_errors(args, result)
+        return result
 
     @property
     def _shell(self) -> Any:
@@ -296,23 +303,56 @@ class RaytpuMagics(Magics):
             raise UsageError("%%raytpu jax is a cell magic: put the training function in the cell.")
         fn = self._training_function(cell, args.fn)
         config = self._config(args.config)
-        chart = RunChart(args.name or fn.__name__)
-        handles: list[Any] = []
+        lab = get_lab()
+        return self._watch_run(args, args.name or fn.__name__, lambda **kw: lab.start_jax(
+            fn, args.topology, args.version, slices=args.slices, name=args.name, config=config,
+            storage_path=args.storage, mute_driver_logs=True, **kw))
+
+    def _watch_run(self, args: argparse.Namespace, title: str,
+                   start: Callable[..., RunHandle]) -> Any:
+        """Start a run with a live dashboard; any trainer (``start(listener=, on_launch=)``).
+
+        Blocking by default: as an awaited cell (see :func:`_await_run_cells`) the kernel keeps
+        serving the Stop button, and an interrupt cancels the wait, which stops the run; without
+        an event loop the wait blocks and Ctrl-C stops the run. ``--background`` returns a
+        :class:`WatchedRun` at once.
+        """
+        dashboard = RunDashboard(title)
+        shown: list[Any] = []
+        handle = start(listener=dashboard,
+                       on_launch=lambda: shown.append(display(dashboard, display_id=True)))
+        dashboard.on_stop = handle.stop
+        run = WatchedRun(handle, dashboard, shown[0] if shown else None)
+        if args.background:
+            self._shell.user_ns[args.out] = run
+            print(f"Run {handle.name!r} started in the background: `{args.out}.wait()`, "
+                  f"`{args.out}.stop()`, `{args.out}.result`.")
+            return None
+        if args.await_:
+            return self._finish_async(args, run)
         try:
-            run = get_lab().train_jax(
-                fn, args.topology, args.version, slices=args.slices, name=args.name, config=config,
-                storage_path=args.storage, on_records=chart.add,
-                on_launch=lambda: handles.append(display(chart.figure, display_id=True)))
-        finally:
-            # Swap the live widget for a static chart, so exports and reloads still show it.
-            if handles and handles[0] is not None and chart.has_data:
-                handles[0].update(HTML(chart.static_html()))
+            result = run.wait()
+        except KeyboardInterrupt:
+            raise _Brief(f"raytpu {args.command}: interrupted; run {handle.name!r} was stopped "
+                         "and its slices freed.") from None
+        self._report(args, result)
+        return None
+
+    async def _finish_async(self, args: argparse.Namespace, run: WatchedRun) -> None:
+        try:
+            result = await run.wait_async()
+        except asyncio.CancelledError:
+            raise _Brief(f"raytpu {args.command}: interrupted; run {run.handle.name!r} was "
+                         "stopped and its slices freed.") from None
+        self._report(args, result)
+
+    def _report(self, args: argparse.Namespace, run: Any) -> None:
         self._shell.user_ns[args.out] = run
         s = run.summary()
-        print(f"Run {s['name']!r} finished on {', '.join(s['slices']) or '?'}: {s['steps']} steps in "
-              f"{s['wall_s']} s ({s['steps_per_s']} steps/s); final {s['final_metrics']}. "
+        state = "was stopped" if s["stopped"] else "finished"
+        print(f"Run {s['name']!r} {state} on {', '.join(s['slices']) or '?'}: {s['steps']} steps "
+              f"in {s['wall_s']} s ({s['steps_per_s']} steps/s); final {s['final_metrics']}. "
               f"Result in `{args.out}`.")
-        return None
 
     def _config(self, text: str | None) -> Any:
         """``--config``: a Python expression evaluated in the user namespace (the user's own code)."""
@@ -350,6 +390,125 @@ class RaytpuMagics(Magics):
         if not callable(fn):
             raise UsageError(f"--fn {name}: no function of that name in the cell.")
         return fn  # type: ignore[no-any-return]
+
+
+class WatchedRun:
+    """A run with its dashboard, as ``%%raytpu jax --background`` leaves it in ``--out``.
+
+    Attributes:
+        handle: The :class:`~raytpu_lab.train.run.RunHandle`.
+        dashboard: The :class:`~raytpu_lab.widgets.run_dashboard.RunDashboard` shown in the cell.
+    """
+
+    def __init__(self, handle: RunHandle, dashboard: RunDashboard, display_handle: Any) -> None:
+        self.handle = handle
+        self.dashboard = dashboard
+        self._display = display_handle
+        self._frozen = False
+
+    @property
+    def result(self) -> Any:
+        """The :class:`~raytpu_lab.train.result.RunResult` (filling while the run goes on)."""
+        return self.handle.result
+
+    @property
+    def done(self) -> bool:
+        """Whether the run has ended."""
+        return self.handle.done
+
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """Abort the run and free its slices (see :meth:`RunHandle.stop`)."""
+        ok = self.handle.stop(timeout_s)
+        if self.handle.done:
+            self._freeze()
+        return ok
+
+    def wait(self, timeout_s: float | None = None) -> Any:
+        """Block until the run ends and return its result; Ctrl-C stops it.
+
+        Raises:
+            TrainingError: The workers raised. KeyboardInterrupt: the run was stopped first.
+        """
+        try:
+            return self.handle.wait(timeout_s)
+        finally:
+            if self.handle.done:
+                self._freeze()
+
+    async def wait_async(self) -> Any:
+        """:meth:`wait` for an awaited cell; cancelling (a kernel interrupt) stops the run."""
+        try:
+            return await self.handle.wait_async()
+        finally:
+            if self.handle.done:
+                self._freeze()
+
+    def _freeze(self) -> None:
+        """Swap the live dashboard for its static HTML, so exports and reloads still show it."""
+        if self._frozen or self._display is None:
+            return
+        self._frozen = True
+        try:
+            self._display.update({"text/html": self.dashboard.static_html(),
+                                  "text/plain": self.dashboard.text()}, raw=True)
+        except Exception as err:  # the result matters more than its picture
+            self.dashboard.show_error(f"static rendering failed: {type(err).__name__}: {err}")
+
+    def __repr__(self) -> str:
+        return f"WatchedRun({self.handle!r})"
+
+
+def _await_run_cells(lines: list[str]) -> list[str]:
+    """IPython input transformer: a ``%%raytpu jax`` cell becomes ``await <the magic>``.
+
+    An awaited cell leaves the kernel's event loop free while the run streams, and ipykernel
+    (>= 7.4) dispatches widget (comm) messages during a running async cell, so the Stop button
+    works; a kernel interrupt cancels the await, which stops the run. Only when IPython's
+    autoawait runs on asyncio; otherwise the magic blocks (Ctrl-C still stops the run).
+    """
+    if not lines or not lines[0].startswith("%%raytpu"):
+        return lines
+    shell = _current_shell()
+    if shell is None or not getattr(shell, "autoawait", False) \
+            or shell.loop_runner is not _asyncio_runner:
+        return lines
+    line = lines[0][len("%%raytpu"):].strip()
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        return lines
+    command = next((w for w in words if not w.startswith("-")), None)
+    if command != "jax" or "--background" in words or "-h" in words or "--help" in words:
+        return lines
+    body = "".join(lines[1:])
+    return [f"await get_ipython().run_cell_magic('raytpu', {('--await ' + line)!r}, {body!r})\n"]
+
+
+def _current_shell() -> Any:
+    return get_ipython()
+
+
+def _brief_errors(args: argparse.Namespace, err: BaseException) -> NoReturn:
+    """Re-raise ``err`` as users should see it: one short block unless ``--debug``."""
+    if isinstance(err, RaytpuError):
+        if args.debug:
+            raise err
+        err.__cause__ = err.__context__ = None
+        # shown by IPython through RaytpuError._render_traceback_: one short block
+        raise err.with_traceback(None) from None
+    if isinstance(err, KeyboardInterrupt | asyncio.CancelledError) and not args.debug:
+        raise _Brief(f"raytpu {args.command}: interrupted.") from None
+    if isinstance(err, UsageError | _Brief) or not isinstance(err, Exception) or args.debug:
+        raise err
+    raise _Brief(f"raytpu {args.command}: {type(err).__name__}: {err}\n"
+                 "(run again with --debug for the traceback)") from None
+
+
+async def _with_brief_errors(args: argparse.Namespace, coro: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        return await coro
+    except BaseException as err:
+        _brief_errors(args, err)
 
 
 def _n(count: int, noun: str) -> str:

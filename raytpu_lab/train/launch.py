@@ -2,9 +2,12 @@
 
 The runs are plain Ray Train: ``JaxTrainer`` (one worker per host) or ``TorchTrainer`` (one worker per
 chip), each with ``ScalingConfig(use_tpu=True, topology=..., accelerator_type=...)``; Ray reserves the
-slices with its ``SlicePlacementGroup`` (and, for JAX, initialises ``jax.distributed``). We only add a :class:`ray.train.UserCallback` that forwards every
-``ray.train.report`` (all ranks) to a small queue actor, which a background thread in the notebook
-drains for the live chart, and we find which slices the run landed on from the cluster snapshot.
+slices with its ``SlicePlacementGroup`` (and, for JAX, initialises ``jax.distributed``). We only add
+callbacks to the run's ``RunConfig``: a :class:`ray.train.UserCallback` that forwards every
+``ray.train.report`` (all ranks) to a small queue actor, and one that hands out Ray Train's
+controller so the run can be stopped from any thread; and, when given the training function, we
+wrap it (:mod:`raytpu_lab.train.worker_tap`) so each worker reports where it runs, its log lines
+and its traceback. ``fit()`` runs in a background thread (:class:`~raytpu_lab.train.run.RunHandle`).
 
 Ray Train's controller takes one report per worker every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``
 (2 s by default) and ``ray.train.report`` blocks until then; for a live chart we set it to
@@ -14,8 +17,6 @@ Ray Train's controller takes one report per worker every ``RAY_TRAIN_HEALTH_CHEC
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,20 +27,25 @@ from ray.train import TrainingFailedError, UserCallback
 # The V2 config classes JaxTrainer takes (``ray.train.RunConfig`` resolves to them at run time).
 from ray.train.v2.api.config import RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
-from ray.util.queue import Empty, Queue
+from ray.util.queue import Queue
 
-from raytpu_lab.errors import TrainingError
+from raytpu_lab import _ray_private
 from raytpu_lab.state.model import ClusterSnapshot
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.result import RunResult
+from raytpu_lab.train.run import RunHandle, RunListener, RunUpdate
+from raytpu_lab.train.worker_tap import accepts_config, tap_train_fn
 
-__all__ = ["RunResult", "TrainerFactory", "launch_jax", "launch_run", "REPORT_INTERVAL_S"]
+__all__ = ["RunHandle", "RunListener", "RunResult", "RunUpdate", "TrainerFactory", "launch_jax",
+           "launch_run", "start_jax", "start_run", "REPORT_INTERVAL_S"]
 
 REPORT_INTERVAL_S = 0.5
 _HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 
-#: Builds the Ray Train trainer for a run from the callbacks it must carry in its ``RunConfig``.
-TrainerFactory = Callable[[list[UserCallback]], Any]
+#: Builds the Ray Train trainer for a run from the callbacks it must carry in its ``RunConfig``
+#: (``make_trainer(callbacks)``), or, when :func:`start_run` gets ``train_fn``, from the callbacks
+#: and the wrapped training function to hand to the trainer (``make_trainer(callbacks, train_fn)``).
+TrainerFactory = Callable[..., Any]
 
 
 class _StreamReports(UserCallback):
@@ -55,12 +61,23 @@ class _StreamReports(UserCallback):
         rows = [{"report": self._index, "rank": rank, "time_s": now, **m} for rank, m in enumerate(metrics)]
         self._index += 1
         try:
-            self._queue.put_nowait(rows)
+            self._queue.put_nowait({"kind": "reports", "rows": rows})
         except Exception:  # a full or gone queue must never fail the training run
             pass
 
 
-def launch_jax(
+class _Announce:
+    """Picklable ``send`` for the controller announcer: puts the handle on the events queue."""
+
+    def __init__(self, queue: Queue) -> None:
+        self._queue = queue
+
+    def __call__(self, handle: Any) -> None:
+        # Runs in the controller actor: its pid is the one Ray's log batches carry for it.
+        self._queue.put_nowait({"kind": "controller", "handle": handle, "pid": os.getpid()})
+
+
+def start_jax(
     train_fn: Callable[..., Any],
     shape: SliceShape,
     *,
@@ -68,16 +85,13 @@ def launch_jax(
     num_slices: int = 1,
     config: dict[str, Any] | None = None,
     storage_path: str | None = None,
-    snapshot: Callable[[], ClusterSnapshot] | None = None,
-    on_records: Callable[[list[dict[str, Any]]], None] | None = None,
-    on_placement: Callable[[list[str], list[str]], None] | None = None,
-    poll_interval_s: float = 0.5,
-) -> RunResult:
-    """Run ``train_fn`` with ``JaxTrainer`` on ``num_slices`` slices of ``shape``; block until done.
+    **kwargs: Any,
+) -> RunHandle:
+    """Start ``train_fn`` under ``JaxTrainer`` on ``num_slices`` slices of ``shape``; return at once.
 
     ``JaxTrainer(ScalingConfig(use_tpu=True, topology, accelerator_type, num_workers=hosts x
-    slices))``: one worker per TPU host. See :func:`launch_run` for the other arguments, the
-    result and the errors.
+    slices))``: one worker per TPU host. See :func:`start_run` for the other arguments and the
+    errors.
 
     Args:
         train_fn: The per-worker training function, ``train_fn(config)`` or ``train_fn()``; it
@@ -86,9 +100,9 @@ def launch_jax(
         storage_path: Ray Train's storage (local dir or ``gs://``); Ray's default if ``None``.
     """
 
-    def make_trainer(callbacks: list[UserCallback]) -> JaxTrainer:
+    def make_trainer(callbacks: list[Any], wrapped: Callable[..., Any]) -> JaxTrainer:
         return JaxTrainer(
-            train_fn,
+            wrapped,
             train_loop_config=config,
             scaling_config=ScalingConfig(
                 use_tpu=True, topology=shape.topology, accelerator_type=shape.accelerator_type,
@@ -97,101 +111,116 @@ def launch_jax(
                                  callbacks=callbacks),  # type: ignore[arg-type]
         )
 
-    return launch_run(make_trainer, shape, name=name, num_slices=num_slices, snapshot=snapshot,
-                      on_records=on_records, on_placement=on_placement,
-                      poll_interval_s=poll_interval_s)
+    return start_run(make_trainer, shape, name=name, num_slices=num_slices, train_fn=train_fn,
+                     **kwargs)
 
 
-def launch_run(
+def launch_jax(train_fn: Callable[..., Any], shape: SliceShape, **kwargs: Any) -> RunResult:
+    """:func:`start_jax` and wait: block until the run ends (Ctrl-C stops it).
+
+    Raises:
+        TrainingConfigError: ``train_fn`` takes more than one required argument (nothing started).
+        TrainingError: The workers raised; carries the first failing rank, its host and traceback.
+            Ray Train has already torn down the workers and freed the slices.
+        KeyboardInterrupt: Interrupted; the run was stopped first.
+    """
+    return start_jax(train_fn, shape, **kwargs).wait()
+
+
+def launch_run(make_trainer: TrainerFactory, shape: SliceShape, **kwargs: Any) -> RunResult:
+    """:func:`start_run` and wait: block until the run ends (Ctrl-C stops it).
+
+    Raises:
+        TrainingError: The workers raised (see :meth:`RunHandle.wait`).
+        KeyboardInterrupt: Interrupted; the run was stopped first.
+    """
+    return start_run(make_trainer, shape, **kwargs).wait()
+
+
+def start_run(
     make_trainer: TrainerFactory,
     shape: SliceShape,
     *,
     name: str,
     num_slices: int = 1,
+    train_fn: Callable[..., Any] | None = None,
     snapshot: Callable[[], ClusterSnapshot] | None = None,
     on_records: Callable[[list[dict[str, Any]]], None] | None = None,
     on_placement: Callable[[list[str], list[str]], None] | None = None,
-    poll_interval_s: float = 0.5,
-) -> RunResult:
-    """Build a Ray Train trainer with our report-streaming callback, ``fit()`` it, collect the result.
+    listener: RunListener | None = None,
+    poll_interval_s: float = 0.25,
+    mute_driver_logs: bool = False,
+    log_flush_interval_s: float = 0.25,
+) -> RunHandle:
+    """Build a Ray Train trainer with our callbacks, start ``fit()`` in a thread, return its handle.
+
+    Trainer-agnostic: everything trainer-specific is in ``make_trainer``.
 
     Args:
         make_trainer: Returns the trainer (``JaxTrainer``, ``TorchTrainer``...) given the callbacks
-            to put in its ``RunConfig(callbacks=...)``; its run must be named ``name``.
+            to put in its ``RunConfig(callbacks=...)`` and, if ``train_fn`` is given, the wrapped
+            training function to pass instead of it: ``make_trainer(callbacks, wrapped)``; else
+            ``make_trainer(callbacks)``. Its run must be named ``name``.
         shape: Generation and topology of each slice.
         name: Run name.
         num_slices: Slices to train on (multi-slice when > 1).
+        train_fn: The user's per-worker function; its signature is checked here, before anything
+            is launched, and it is wrapped to report placement, logs and errors per rank.
         snapshot: Returns a cluster snapshot; used to find the slices the run landed on.
-        on_records: Called from a background thread with each batch of new records, at most
-            every ``poll_interval_s`` seconds (for a live chart).
-        on_placement: Called once from the background thread with the slices the run landed on
-            and the ids of the placement groups holding them.
-        poll_interval_s: How often the background thread drains reports, seconds.
+        on_records: Called from the drain thread with each batch of new records.
+        on_placement: Called once from the drain thread with the slices the run landed on and the
+            ids of the placement groups holding them.
+        listener: Gets every update (records, placement, logs, errors) and the end of the run.
+        poll_interval_s: How often the drain thread empties the queues, seconds (listeners are
+            called at most this often).
+        mute_driver_logs: Keep Ray from also printing this run's worker and controller logs in
+            the driver, until 10 s after it ends (a dashboard shows them instead; Ray's log files
+            keep them).
+        log_flush_interval_s: How often each worker ships its new log lines, seconds.
 
     Returns:
-        The run's records and summary.
+        The running run's handle (:meth:`RunHandle.wait`, :meth:`RunHandle.stop`).
 
     Raises:
-        TrainingError: The workers raised; carries the first worker's traceback text. Ray Train
-            has already torn down the workers and freed the slices.
-        KeyboardInterrupt: Interrupted; Ray Train's own SIGINT handler aborted the run first.
+        TrainingConfigError: ``train_fn`` has a signature Ray Train cannot call (nothing started).
     """
+    if train_fn is not None:
+        accepts_config(train_fn)  # before any actor or placement group exists
     os.environ.setdefault(_HEALTH_CHECK_ENV, str(REPORT_INTERVAL_S))
-    queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
+    events = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
+    logs = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
     result = RunResult(name=name, shape=shape, num_slices=num_slices)
     known_pgs = _placement_group_ids()
-    trainer = make_trainer([_StreamReports(queue)])
-    stop = threading.Event()
-
-    def drain() -> None:
-        while True:
-            batch: list[dict[str, Any]] = []
-            try:
-                for rows in queue.get_nowait_batch(queue.qsize()):
-                    batch.extend(rows)
-            except (Empty, ray.exceptions.RayError):
-                pass
-            if batch:
-                result.records.extend(batch)
-                if on_records is not None:
-                    on_records(batch)
-            if snapshot is not None and not result.slice_names:
-                result.slice_names, pg_ids = _new_slices(snapshot(), known_pgs)
-                if result.slice_names and on_placement is not None:
-                    on_placement(result.slice_names, pg_ids)
-            if stop.is_set():
-                return
-            stop.wait(poll_interval_s)
-
-    poller = threading.Thread(target=drain, name=f"raytpu-{name}", daemon=True)
-    start = time.monotonic()
-    previous_sigint = signal.getsignal(signal.SIGINT)
-    poller.start()
+    callbacks = [_StreamReports(events), _ray_private.controller_announcer(_Announce(events))]
     try:
-        ray_result = trainer.fit()
-        result.ray_result = ray_result
-        result.storage_path = getattr(ray_result, "path", "") or ""
-        error = getattr(ray_result, "error", None)
-        if isinstance(error, TrainingFailedError):
-            result.error = _worker_error_text(error)
-    except TrainingFailedError as err:
-        # Keep only the text: the exception's traceback reaches Ray Train's controller handle,
-        # and a kept handle (e.g. through IPython's sys.last_traceback) keeps the controller
-        # and its helper actors alive after the run.
-        result.error = _worker_error_text(err)
-    finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, previous_sigint)  # Ray Train's fit() installs its own
-        result.wall_s = time.monotonic() - start
-        stop.set()
-        poller.join(timeout=10)
-        _shutdown_queue(queue)
-    if result.error is not None:
-        raise TrainingError(
-            f"Training run {name!r} failed on its workers.",
-            why=result.error, fix="Fix the training function and run the cell again; "
-            "the slices were freed.", run_name=name, worker_error=result.error)
-    return result
+        if train_fn is not None:
+            wrapped = tap_train_fn(train_fn, events, logs, flush_interval_s=log_flush_interval_s)
+            trainer = make_trainer(callbacks, wrapped)
+        else:
+            trainer = make_trainer(callbacks)
+    except BaseException:
+        for q in (events, logs):
+            _shutdown_queue(q)
+        raise
+
+    find_slices = (lambda: _new_slices(snapshot(), known_pgs)) if snapshot is not None else None
+
+    class _Compat:
+        def on_update(self, update: RunUpdate) -> None:
+            if update.records and on_records is not None:
+                on_records(update.records)
+            if listener is not None:
+                listener.on_update(update)
+
+        def on_end(self, result: RunResult) -> None:
+            if listener is not None:
+                listener.on_end(result)
+
+    handle = RunHandle(name, result, trainer.fit, events, logs, listener=_Compat(),
+                       on_slices=on_placement, find_slices=find_slices,
+                       poll_interval_s=poll_interval_s, mute_driver_logs=mute_driver_logs,
+                       error_text=_error_text, known_pgs=known_pgs)
+    return handle.start()
 
 
 def _placement_group_ids() -> set[str]:
@@ -204,6 +233,12 @@ def _new_slices(snap: ClusterSnapshot, known_pgs: set[str]) -> tuple[list[str], 
     slices = [s for s in snap.slices if set(new) & set(s.owners)]
     pg_ids = sorted({new[o] for s in slices for o in s.owners if o in new})
     return [s.name for s in slices], pg_ids
+
+
+def _error_text(err: BaseException) -> str:
+    if isinstance(err, TrainingFailedError):
+        return _worker_error_text(err)
+    return f"{type(err).__name__}: {err}"
 
 
 def _worker_error_text(err: TrainingFailedError) -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytpu_lab.tpu.topology import SliceShape
+from raytpu_lab.train.streams import LogBook, placement_table
 
 __all__ = ["RunResult"]
 
@@ -25,6 +26,12 @@ class RunResult:
         storage_path: Where Ray Train kept the run's checkpoints and results.
         error: The workers' error text if the run failed, else ``None``.
         ray_result: Ray Train's ``Result`` (``None`` if the run failed).
+        workers: One placement row per rank as the worker tap sent it (rank, node id, host IP,
+            slice, worker id, chips, ``megascale_*``, pid); see :meth:`placement`.
+        worker_errors: ``{"rank", "host", "node_id", "slice", "worker_id", "error",
+            "traceback"}`` for each rank that raised.
+        logs: The last lines each rank printed (capped per rank; see :meth:`log_records`).
+        stopped: The run was stopped (Stop button, ``stop()`` or an interrupt) before it ended.
     """
 
     name: str
@@ -36,11 +43,16 @@ class RunResult:
     storage_path: str = ""
     error: str | None = None
     ray_result: Any = None
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    worker_errors: list[dict[str, Any]] = field(default_factory=list)
+    logs: LogBook = field(default_factory=LogBook)
+    stopped: bool = False
 
     @property
     def num_workers(self) -> int:
-        """Ray Train workers: one per host (host-centric JAX)."""
-        return self.shape.num_hosts * self.num_slices
+        """Ray Train workers: the ranks that reported their placement, else one per host (as
+        host-centric JAX runs)."""
+        return len({w["rank"] for w in self.workers}) or self.shape.num_hosts * self.num_slices
 
     def rank0(self) -> list[dict[str, Any]]:
         """Records of rank 0, in report order."""
@@ -72,11 +84,30 @@ class RunResult:
         """Rank 0's values of ``key`` in report order."""
         return [r[key] for r in self.rank0() if key in r]
 
-    def to_pandas(self) -> Any:
-        """The records as a ``pandas.DataFrame`` (one row per report and rank)."""
+    def placement(self) -> list[dict[str, Any]]:
+        """Where each rank ran: one row per rank (``rank, slice, worker_id, host, node_id, chips,
+        megascale_slice_id, pid``), sorted by rank."""
+        return placement_table(self.workers)
+
+    def log_records(self, rank: int | None = None) -> list[dict[str, Any]]:
+        """Kept log lines as ``{"rank", "stream", "time", "line"}``, all ranks or one."""
+        rows = self.logs.records()
+        return rows if rank is None else [r for r in rows if r["rank"] == rank]
+
+    def to_pandas(self, what: str = "records") -> Any:
+        """A ``pandas.DataFrame`` of ``"records"`` (one row per report and rank, the default),
+        ``"placement"`` (one row per rank) or ``"logs"`` (one row per kept log line).
+
+        Raises:
+            ValueError: ``what`` is none of those.
+        """
         import pandas as pd
 
-        return pd.DataFrame.from_records(self.records)
+        rows = {"records": self.records, "placement": self.placement(),
+                "logs": self.log_records()}.get(what)
+        if rows is None:
+            raise ValueError(f"to_pandas({what!r}): pick 'records', 'placement' or 'logs'")
+        return pd.DataFrame.from_records(rows)
 
     def summary(self) -> dict[str, Any]:
         """A JSON-able summary: wall time, steps, steps/s, final metrics, slices, storage."""
@@ -84,9 +115,9 @@ class RunResult:
                 "slices": self.slice_names, "workers": self.num_workers,
                 "wall_s": round(self.wall_s, 1), "steps": self.steps,
                 "steps_per_s": round(self.steps_per_s, 2), "final_metrics": self.final_metrics,
-                "storage_path": self.storage_path, "error": self.error}
+                "storage_path": self.storage_path, "error": self.error, "stopped": self.stopped}
 
     def __repr__(self) -> str:
-        state = "failed" if self.error else "finished"
+        state = "failed" if self.error else "stopped" if self.stopped else "finished"
         return (f"RunResult({self.name!r} {state}: {self.shape.pod_type} x{self.num_slices} on "
                 f"{self.slice_names}, {self.steps} steps in {self.wall_s:.1f} s)")

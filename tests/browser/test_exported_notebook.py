@@ -46,8 +46,10 @@ def test_reserved_slice_is_highlighted(page) -> None:
 
 
 def test_loss_chart_renders_offline_with_points(page) -> None:
+    # The run dashboard's static form: the chosen metric, step time and throughput, one trace per
+    # rank (4 hosts) in each.
     plot = page.locator(".js-plotly-plot").first
-    assert plot.locator(".scatterlayer .trace").count() == 2
+    assert plot.locator(".scatterlayer .trace").count() == 3 * 4
     points = plot.locator(".scatterlayer .trace").first.locator(".point").count()
     assert points >= 10
     assert not page.errors, page.errors  # type: ignore[attr-defined]

@@ -89,7 +89,8 @@ def test_jax_cell_trains_on_16_devices_of_one_slice(ip, lab: Lab) -> None:
 def test_worker_error_is_shown_and_the_slice_freed(ip, lab: Lab) -> None:
     cell = "def boom(config):\n    raise ValueError('bad batch shape from the worker')\n"
     out = _run(ip, "jax --topology 4x4 --version v6e --name boom", cell)
-    _assert_brief(out, "TrainingError: Training run 'boom' failed", "bad batch shape from the worker", "rank")
+    _assert_brief(out, "TrainingError: Training run 'boom' failed", "bad batch shape from the worker",
+                  "rank 0 on host ", "Traceback (most recent call last)", "in boom")
     _assert_nothing_left(lab)
 
 

@@ -29,3 +29,23 @@ def test_reserve_arguments() -> None:
 def test_bad_arguments_raise_usage_error(argv: list[str]) -> None:
     with pytest.raises(UsageError):
         build_parser().parse_args(argv)
+
+
+def test_jax_cells_become_awaited_so_the_kernel_keeps_serving_widgets() -> None:
+    from IPython.testing.globalipapp import start_ipython
+
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "raytpu_lab")
+    cell = "%%raytpu jax --topology 4x4 --version v6e --name 'a b'\ndef f(config):\n    pass\n"
+    code = ip.transform_cell(cell)
+    assert code.startswith("await get_ipython().run_cell_magic('raytpu', \"--await jax")
+    assert ip.should_run_async(cell, transformed_cell=code)
+    assert "def f(config):" in eval(code.split(", ", 2)[2].rsplit(")", 1)[0])  # noqa: S307
+    for untouched in ("%%raytpu jax --background --topology 4x4 --version v6e\npass\n",
+                      "%%raytpu jax --help\n", "%raytpu status\n", "print(1)\n"):
+        assert not ip.transform_cell(untouched).startswith("await"), untouched
+    ip.autoawait = False
+    try:
+        assert not ip.transform_cell(cell).startswith("await")
+    finally:
+        ip.autoawait = True

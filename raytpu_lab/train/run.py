@@ -1,0 +1,364 @@
+"""A running Ray Train run: ``fit()`` in a background thread, a drain thread, stop and wait.
+
+:class:`RunHandle` is what :func:`raytpu_lab.train.launch.start_run` returns, for any trainer.
+``fit()`` runs in its own thread so the caller (a notebook cell, a Stop button) stays free; the
+drain thread empties the run's two queue actors every ``poll_interval_s`` seconds (reports,
+placement, errors and the controller's handle on one; log lines on the other), folds them into
+the :class:`~raytpu_lab.train.result.RunResult` and hands each batch to a :class:`RunListener`
+(the dashboard) in one call, so listeners redraw at most once per interval however fast workers
+report.
+
+Stopping: Ray Train V2 aborts a run through its controller actor (``TrainController.abort``, what
+``fit()``'s own Ctrl-C handler calls); the controller announces its handle through a callback
+(:func:`raytpu_lab._ray_private.controller_announcer`), and :meth:`RunHandle.stop` calls abort
+from whatever thread it is in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import ray
+from ray.util.queue import Empty, Queue
+
+from raytpu_lab import _ray_private
+from raytpu_lab.errors import TrainingError
+from raytpu_lab.train.result import RunResult
+
+__all__ = ["RunHandle", "RunListener", "RunUpdate", "STOP_TIMEOUT_S"]
+
+STOP_TIMEOUT_S = 10.0
+_ABORT_GRACE_S = 4.0
+_MUTE_GRACE_S = 10.0
+_LIVE: set[RunHandle] = set()  # runs of this process not yet done (their placement groups)
+
+
+@dataclass
+class RunUpdate:
+    """What arrived since the last update (one drain of the queues).
+
+    Attributes:
+        elapsed_s: Seconds since launch.
+        records: New reports, ``{"report", "rank", "time_s", **metrics}``.
+        workers: New placement rows (one per rank when the workers start).
+        logs: New log lines, ``(rank, stream, text)``; ``dropped`` counts lines workers skipped.
+        errors: New worker errors (rank, host, traceback...).
+        slices: The slices the run landed on, once known (``[]`` before).
+    """
+
+    elapsed_s: float
+    records: list[dict[str, Any]] = field(default_factory=list)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    logs: list[tuple[int, str, str]] = field(default_factory=list)
+    dropped: dict[int, int] = field(default_factory=dict)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    slices: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.records or self.workers or self.logs or self.dropped or self.errors)
+
+
+class RunListener(Protocol):
+    """Receives a run's stream; called from the run's drain thread, never concurrently."""
+
+    def on_update(self, update: RunUpdate) -> None:
+        """Called every poll interval while the run lives (``update`` may be empty)."""
+
+    def on_end(self, result: RunResult) -> None:
+        """Called once after the last update: finished, failed or stopped."""
+
+
+class RunHandle:
+    """A Ray Train run in progress (see the module docstring).
+
+    Attributes:
+        name: Run name.
+        result: The run's :class:`RunResult`, filled while it runs; final once :attr:`done`.
+    """
+
+    def __init__(self, name: str, result: RunResult, fit: Callable[[], Any], events: Queue,
+                 logs: Queue, *, listener: RunListener | None, on_slices: Callable[..., None] | None,
+                 find_slices: Callable[[], tuple[list[str], list[str]]] | None,
+                 poll_interval_s: float, mute_driver_logs: bool,
+                 error_text: Callable[[BaseException], str],
+                 known_pgs: set[str] | None = None) -> None:
+        self.name = name
+        self.result = result
+        self._fit = fit
+        self._events = events
+        self._logs = logs
+        self._listener = listener
+        self._on_slices = on_slices
+        self._find_slices = find_slices
+        self._poll_interval_s = poll_interval_s
+        self._mute = mute_driver_logs
+        self._error_text = error_text
+        self._controller: Any = None
+        self._pg_ids: list[str] = []
+        self._known_pgs = set(known_pgs or ())
+        self._pids: set[str] = set()  # the workers' pids, as Ray's log batches carry them
+        self._stop_requested = threading.Event()
+        self._fit_done = threading.Event()
+        self._done = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._start = time.monotonic()
+        self.listener_error: str | None = None
+        self._fit_thread = threading.Thread(target=self._run_fit, name=f"raytpu-fit-{name}",
+                                            daemon=True)
+        self._drain_thread = threading.Thread(target=self._drain_loop,
+                                              name=f"raytpu-drain-{name}", daemon=True)
+
+    # -- public ----------------------------------------------------------------------------
+
+    def start(self) -> RunHandle:
+        """Start ``fit()`` and the drain thread; returns at once."""
+        _LIVE.add(self)
+        self._drain_thread.start()
+        self._fit_thread.start()
+        return self
+
+    @property
+    def done(self) -> bool:
+        """The run ended (finished, failed or stopped) and its last update was delivered."""
+        return self._done.is_set()
+
+    @property
+    def stop_requested(self) -> bool:
+        """:meth:`stop` was called."""
+        return self._stop_requested.is_set()
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since launch (wall time of the run once done)."""
+        return self.result.wall_s if self.done else time.monotonic() - self._start
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+        """Abort the run and wait until Ray Train has ended it and freed its slices.
+
+        Safe from any thread (a button callback, a signal handler's caller) and idempotent.
+
+        Args:
+            timeout_s: Seconds to wait in all: for the controller to announce itself (a run still
+                starting), to abort, and for the run's placement groups to go.
+
+        Returns:
+            Whether the run ended and its placement groups were removed within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        self._stop_requested.set()
+        with self._stop_lock:
+            while not self._fit_done.is_set():
+                controller = self._controller
+                if controller is not None:
+                    _ray_private.abort_train_controller(
+                        controller,
+                        timeout_s=max(0.5, min(_ABORT_GRACE_S, deadline - time.monotonic() - 4)))
+                    break
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        self._fit_done.wait(max(0.0, deadline - time.monotonic()))
+        self._remove_orphan_pgs()
+        self._done.wait(max(0.0, deadline - time.monotonic()))
+        while self._live_pgs() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self._fit_done.is_set() and not self._live_pgs()
+
+    def _remove_orphan_pgs(self) -> None:
+        """After a kill mid-start: remove the unnamed placement groups Ray Train made for this
+        run (new since launch, held by no other live run of this kernel)."""
+        try:
+            table = ray.util.placement_group_table()
+        except Exception:
+            return
+        others = {pg for h in list(_LIVE) if h is not self for pg in h._pg_ids}
+        mine = [pg for pg, info in table.items()
+                if pg not in self._known_pgs and pg not in others
+                and info.get("state") != "REMOVED" and not info.get("name")]
+        for pg in mine:
+            try:
+                _ray_private.remove_placement_group_by_id(pg)
+            except Exception:  # gone meanwhile
+                continue
+        self._pg_ids = sorted(set(self._pg_ids) | set(mine))
+
+    def wait(self, timeout_s: float | None = None) -> RunResult:
+        """Block until the run ends; Ctrl-C (KeyboardInterrupt) stops the run, then re-raises.
+
+        Returns:
+            The result (also of a stopped run).
+
+        Raises:
+            TrainingError: The workers raised (the slices are already freed).
+            TimeoutError: ``timeout_s`` passed first (the run goes on).
+            KeyboardInterrupt: Interrupted; the run was stopped first.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            while not self._done.wait(0.1):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"run {self.name!r} still running after {timeout_s} s")
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+        return self._outcome()
+
+    async def wait_async(self) -> RunResult:
+        """:meth:`wait` for an event loop (an async notebook cell); cancelling stops the run."""
+        try:
+            while not self._done.is_set():
+                await asyncio.sleep(0.1)
+        except asyncio.CancelledError:
+            await asyncio.get_running_loop().run_in_executor(None, self.stop)
+            raise
+        return self._outcome()
+
+    def __repr__(self) -> str:
+        state = "running" if not self.done else repr(self.result)
+        return f"RunHandle({self.name!r}, {state})"
+
+    # -- threads ---------------------------------------------------------------------------
+
+    def _outcome(self) -> RunResult:
+        r = self.result
+        if r.error is not None:
+            raise TrainingError(
+                f"Training run {self.name!r} failed on its workers.", why=r.error,
+                fix="Fix the training function and run the cell again; the slices were freed.",
+                run_name=self.name, worker_error=r.error)
+        return r
+
+    def _run_fit(self) -> None:
+        try:
+            ray_result = self._fit()
+            self.result.ray_result = ray_result
+            self.result.storage_path = getattr(ray_result, "path", "") or ""
+            error = getattr(ray_result, "error", None)
+            if error is not None and not self._stop_requested.is_set():
+                self.result.error = self._error_text(error)
+        except ray.exceptions.RayActorError as err:
+            # abort() exits the controller actor, so fit()'s ray.get of its run() ends here.
+            if not self._stop_requested.is_set():
+                self.result.error = f"Ray Train's controller died: {err}"
+        except BaseException as err:  # noqa: BLE001 - recorded, raised in the caller's thread
+            if not self._stop_requested.is_set():
+                self.result.error = self._error_text(err)
+            # Keep only text: a kept exception (traceback) keeps Ray Train's controller alive.
+        finally:
+            self.result.stopped = self._stop_requested.is_set()
+            self.result.wall_s = time.monotonic() - self._start
+            self._fit_done.set()
+
+    def _drain_loop(self) -> None:
+        mute = (_ray_private.muted_worker_logs(lambda batch: str(batch.get("pid")) in self._pids)
+                if self._mute else None)
+        try:
+            if mute is not None:
+                mute.__enter__()
+            while True:
+                finished = self._fit_done.is_set()
+                self._drain_once()
+                if finished:
+                    break
+                self._fit_done.wait(self._poll_interval_s)
+        finally:
+            for q in (self._events, self._logs):
+                _shutdown_queue(q)
+            self._attach_worker_errors()
+            if self._listener is not None:
+                try:
+                    self._listener.on_end(self.result)
+                except Exception as err:  # the run's result must not depend on its view
+                    self.listener_error = f"{type(err).__name__}: {err}"
+            self._done.set()
+            _LIVE.discard(self)
+            if mute is not None:  # Ray forwards log lines a second or two late: keep muting
+                unmute = threading.Timer(_MUTE_GRACE_S, mute.__exit__, (None, None, None))
+                unmute.daemon = True
+                unmute.start()
+
+    def _drain_once(self) -> None:
+        update = RunUpdate(elapsed_s=time.monotonic() - self._start)
+        for item in _take_all(self._events):
+            kind = item.get("kind") if isinstance(item, dict) else None
+            if kind == "reports":
+                update.records.extend(item["rows"])
+            elif kind == "controller":
+                self._controller = item["handle"]
+                self._pids.add(str(item.get("pid")))
+            elif isinstance(item, list):  # the worker tap's rows
+                for row in item:
+                    if row.get("kind") == "placement":
+                        update.workers.append(row)
+                        if row.get("pid") is not None:
+                            self._pids.add(str(row["pid"]))
+                    elif row.get("kind") == "error":
+                        update.errors.append(row)
+        for item in _take_all(self._logs):
+            rank = int(item["rank"])
+            lines = [(str(s), str(t)) for s, t in item.get("lines", [])]
+            self.result.logs.add(rank, lines, dropped=int(item.get("dropped", 0)),
+                                 time_s=float(item.get("time", 0.0)))
+            update.logs.extend((rank, s, t) for s, t in lines)
+            if item.get("dropped"):
+                update.dropped[rank] = update.dropped.get(rank, 0) + int(item["dropped"])
+        r = self.result
+        r.records.extend(update.records)
+        r.workers.extend(update.workers)
+        r.worker_errors.extend(update.errors)
+        if self._find_slices is not None and not r.slice_names:
+            try:
+                r.slice_names, self._pg_ids = self._find_slices()
+            except Exception:  # a failed state read is retried on the next poll
+                pass
+            if r.slice_names and self._on_slices is not None:
+                self._on_slices(r.slice_names, self._pg_ids)
+        update.slices = list(r.slice_names)
+        if self._listener is not None:
+            try:
+                self._listener.on_update(update)
+            except Exception as err:
+                self.listener_error = f"{type(err).__name__}: {err}"
+
+    def _attach_worker_errors(self) -> None:
+        """Lead the error text with what the worker tap saw: rank, host, slice, traceback."""
+        r = self.result
+        if r.error is None or not r.worker_errors:
+            return
+        first = sorted(r.worker_errors, key=lambda e: e["rank"])[0]
+        where = f"rank {first['rank']} on host {first.get('host') or '?'}"
+        if first.get("slice"):
+            where += f" ({first['slice']} worker {first.get('worker_id')})"
+        more = len({e["rank"] for e in r.worker_errors}) - 1
+        r.error = (f"{where}{f' (and {more} more rank(s))' if more > 0 else ''}: "
+                   f"{first['error']}\n{first['traceback'].rstrip()}")
+
+    def _live_pgs(self) -> list[str]:
+        if not self._pg_ids:
+            return []
+        try:
+            table = ray.util.placement_group_table()
+        except Exception:
+            return []
+        return [pg for pg in self._pg_ids if table.get(pg, {}).get("state") not in (None, "REMOVED")]
+
+
+def _take_all(queue: Queue) -> list[Any]:
+    try:
+        size = queue.qsize()
+        return list(queue.get_nowait_batch(size)) if size else []
+    except (Empty, ray.exceptions.RayError):
+        return []
+
+
+def _shutdown_queue(queue: Queue) -> None:
+    try:
+        queue.shutdown(force=True)
+    except Exception:  # the cluster may be gone already; the actor dies with it
+        pass

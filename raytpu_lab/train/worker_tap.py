@@ -1,0 +1,269 @@
+"""The worker side of a watched run: where each rank landed, what it printed, how it failed.
+
+:func:`tap_train_fn` wraps the user's per-worker function before it goes to Ray Train (any
+trainer: ``JaxTrainer``, ``TorchTrainer``...). In each worker the wrapper
+
+1. sends one placement row to the ``events`` queue: rank, node id, host IP, pid, the slice name and
+   worker id from the node's labels (``ray.io/tpu-slice-name``, ``ray.io/tpu-worker-id``, which Ray
+   derives from the GKE/KubeRay TPU environment), the chips Ray assigned
+   (``get_accelerator_ids()["TPU"]``) and the ``MEGASCALE_*`` variables of multi-slice runs;
+2. tees ``sys.stdout`` / ``sys.stderr``: lines still reach the worker's own log files (so Ray's
+   log tools keep them) and, every ``flush_interval_s``, go as one batch to the ``logs`` queue; a
+   worker printing faster than ``max_lines_per_flush`` lines per interval sends the last ones and
+   the count it dropped, so a flood never backs up the queue;
+3. calls the function; if it raises, sends ``{"kind": "error", rank, host, traceback}`` first.
+
+It never lets a full or gone queue fail the training function.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import io
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from raytpu_lab.errors import TrainingConfigError
+
+__all__ = ["accepts_config", "tap_train_fn", "SLICE_LABEL", "WORKER_ID_LABEL"]
+
+SLICE_LABEL = "ray.io/tpu-slice-name"
+WORKER_ID_LABEL = "ray.io/tpu-worker-id"
+_MEGASCALE = ("MEGASCALE_SLICE_ID", "MEGASCALE_NUM_SLICES", "MEGASCALE_COORDINATOR_ADDRESS")
+
+
+def accepts_config(fn: Callable[..., Any]) -> bool:
+    """Whether Ray Train will call ``fn(config)`` (True) or ``fn()`` (False).
+
+    Ray Train (``ray.train._internal.utils.construct_train_func``) counts required parameters:
+    0 means ``fn()``, 1 means ``fn(config)``, more is refused when the run starts. Checked here
+    before any resources are taken.
+
+    Raises:
+        TrainingConfigError: ``fn`` is not callable, needs more than one argument, or its one
+            required argument is keyword-only.
+    """
+    if not callable(fn):
+        raise TrainingConfigError(f"{fn!r} is not a function.",
+                                  fix="Pass the per-worker training function, f(config) or f().")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True  # builtins without a signature: let Ray Train decide
+    required = [p for p in params if p.default is inspect.Parameter.empty
+                and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    name = getattr(fn, "__name__", "the training function")
+    if len(required) > 1 or (required and required[0].kind is inspect.Parameter.KEYWORD_ONLY):
+        shown = ", ".join(p.name for p in required)
+        raise TrainingConfigError(
+            f"{name}({shown}) cannot be a per-worker training function.",
+            why="Ray Train calls it with one positional argument (the train_loop_config dict) "
+                "or none.",
+            fix=f"Define it as def {name}(config): ... or def {name}(): ...")
+    return bool(required)
+
+
+def tap_train_fn(train_fn: Callable[..., Any], events: Any, logs: Any, *,
+                 flush_interval_s: float = 0.25,
+                 max_lines_per_flush: int = 400) -> Callable[..., Any]:
+    """Wrap ``train_fn`` so each worker reports placement, log lines and errors.
+
+    Args:
+        train_fn: The user's per-worker function (checked with :func:`accepts_config`).
+        events: A ``ray.util.queue.Queue``; gets ``[{"kind": "placement", ...}]`` and
+            ``[{"kind": "error", ...}]`` items.
+        logs: A ``ray.util.queue.Queue``; gets ``{"rank", "lines": [(stream, text), ...],
+            "dropped"}`` items, one per worker and flush.
+        flush_interval_s: Seconds between log batches of one worker.
+        max_lines_per_flush: Lines kept per batch; older ones are counted in ``dropped``.
+
+    Returns:
+        A function of the same arity (``f(config)`` or ``f()``) for the trainer.
+    """
+    takes_config = accepts_config(train_fn)
+
+    def run(config: Any) -> Any:
+        info = _placement()
+        _put(events, [info])
+        tee = _Tee(info["rank"], logs, flush_interval_s, max_lines_per_flush)
+        tee.start()
+        try:
+            return train_fn(config) if takes_config else train_fn()
+        except BaseException as err:
+            _put(events, [{"kind": "error", "rank": info["rank"], "node_id": info["node_id"],
+                           "host": info["host"], "slice": info["slice"],
+                           "worker_id": info["worker_id"], "error": f"{type(err).__name__}: {err}",
+                           "traceback": "".join(traceback.format_exception(
+                               type(err), err, err.__traceback__.tb_next if err.__traceback__
+                               else None))}])
+            raise
+        finally:
+            tee.stop()
+
+    if takes_config:
+        @functools.wraps(train_fn)
+        def with_config(config: Any) -> Any:
+            return run(config)
+        return with_config
+
+    @functools.wraps(train_fn)
+    def without_config() -> Any:
+        return run(None)
+    return without_config
+
+
+def _put(queue: Any, item: Any) -> None:
+    try:
+        queue.put_nowait(item)
+    except Exception:  # a full or gone queue must never fail the training run
+        pass
+
+
+def _placement() -> dict[str, Any]:
+    import ray
+    import ray.train
+
+    ctx = ray.get_runtime_context()
+    try:
+        train_ctx = ray.train.get_context()
+        rank, local_rank = train_ctx.get_world_rank(), train_ctx.get_local_rank()
+        world_size = train_ctx.get_world_size()
+    except Exception:  # outside Ray Train (a plain task): still say where it ran
+        rank, local_rank, world_size = 0, 0, 1
+    labels: dict[str, Any] = dict(ctx.get_node_labels() or {})
+    chips = ctx.get_accelerator_ids().get("TPU", [])
+    worker_id = str(labels.get(WORKER_ID_LABEL, os.environ.get("TPU_WORKER_ID", "")))
+    return {"kind": "placement", "rank": rank, "local_rank": local_rank, "world_size": world_size,
+            "node_id": ctx.get_node_id(), "host": ray.util.get_node_ip_address(),
+            "hostname": socket.gethostname(), "pid": os.getpid(),
+            "slice": labels.get(SLICE_LABEL, os.environ.get("TPU_NAME", "")),
+            "worker_id": int(worker_id) if worker_id.isdigit() else None,
+            "chips": [str(c) for c in chips],
+            **{k.lower(): os.environ.get(k) for k in _MEGASCALE}}
+
+
+def _echo_of_print() -> bool:
+    """Whether this stderr write is Ray Train's logger echoing a ``print`` we already captured.
+
+    Ray Train patches ``print`` in workers (``ray.train.v2._internal.logging.patch_print``): with
+    ``sys.stdout`` wrapped it prints to it *and* logs the text, and its console handler writes
+    that to stderr. Seen from here: a stderr write from a logging handler's ``emit`` called under
+    ``redirected_print`` (a user's own ``print(..., file=sys.stderr)`` has no ``emit`` between).
+    """
+    frame = sys._getframe(2)
+    emitted = False
+    for _ in range(24):
+        if frame is None:
+            return False
+        name = frame.f_code.co_name
+        if name == "emit":
+            emitted = True
+        elif name == "redirected_print":
+            return emitted
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+class _TeeStream(io.TextIOBase):
+    """Writes through to the original stream and collects complete lines for the batch."""
+
+    def __init__(self, original: Any, name: str, tee: _Tee) -> None:
+        self._original = original
+        self._name = name
+        self._tee = tee
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        try:
+            self._original.write(text)
+        except Exception:
+            pass
+        if text and not (self._name == "stderr" and _echo_of_print()):
+            lines = (self._partial + text).split("\n")
+            self._partial = lines.pop()
+            if lines:
+                self._tee.add(self._name, lines)
+        return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._original.flush()
+        except Exception:
+            pass
+
+    def finish(self) -> None:
+        if self._partial:
+            self._tee.add(self._name, [self._partial])
+            self._partial = ""
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._original, "encoding", "utf-8")
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return int(self._original.fileno())
+
+
+class _Tee:
+    """Replaces ``sys.stdout``/``sys.stderr`` while the function runs; ships line batches."""
+
+    def __init__(self, rank: int, queue: Any, interval_s: float, max_lines: int) -> None:
+        self._rank = rank
+        self._queue = queue
+        self._interval_s = interval_s
+        self._max_lines = max_lines
+        self._lock = threading.Lock()
+        self._lines: list[tuple[str, str]] = []
+        self._dropped = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="raytpu-log-tee", daemon=True)
+        self._saved: tuple[Any, Any] = (sys.stdout, sys.stderr)
+        self._streams: list[_TeeStream] = []
+
+    def add(self, stream: str, lines: list[str]) -> None:
+        with self._lock:
+            self._lines.extend((stream, line) for line in lines)
+            extra = len(self._lines) - self._max_lines
+            if extra > 0:
+                del self._lines[:extra]
+                self._dropped += extra
+
+    def start(self) -> None:
+        self._saved = (sys.stdout, sys.stderr)
+        self._streams = [_TeeStream(sys.stdout, "stdout", self),
+                         _TeeStream(sys.stderr, "stderr", self)]
+        sys.stdout, sys.stderr = self._streams  # type: ignore[assignment]
+        self._thread.start()
+
+    def stop(self) -> None:
+        for s in self._streams:
+            s.finish()
+        if sys.stdout is self._streams[0]:
+            sys.stdout = self._saved[0]
+        if sys.stderr is self._streams[1]:
+            sys.stderr = self._saved[1]
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._ship()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._ship()
+
+    def _ship(self) -> None:
+        with self._lock:
+            lines, dropped = self._lines, self._dropped
+            self._lines, self._dropped = [], 0
+        if lines or dropped:
+            _put(self._queue, {"rank": self._rank, "time": time.time(), "lines": lines,
+                               "dropped": dropped})

@@ -1,0 +1,125 @@
+"""The live run dashboard in a real JupyterLab, driven by headless Chromium.
+
+One notebook run cell by cell: start a 1-slice emulated v6e 4x4 cluster, run a ``%%raytpu jax``
+cell that would train for minutes, watch its chart update and its placement table fill (4 ranks),
+save a screenshot to ``build/dashboard.png``, click Stop: the cell ends within 15 s saying the run
+was stopped, ``last_run.stopped`` is True in the next cell, and the slice is idle again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from playwright.sync_api import sync_playwright
+
+from tests.browser.conftest import KERNEL_NAME, LabServer, wait_until_gone
+from tests.browser.test_live_map_in_jupyterlab import ARGS, CHROMIUM, Notebook, _poll
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "build"
+NOTEBOOK = "dashboard.ipynb"
+
+TRAIN_CELL = '''%%raytpu jax --topology 4x4 --version v6e --name browser-run --config "{'steps': 100000}"
+def train_loop_per_worker(config):
+    import time
+    import ray.train
+    rank = ray.train.get_context().get_world_rank()
+    for step in range(config["steps"]):
+        time.sleep(0.1)
+        print(f"rank {rank} step {step}")
+        ray.train.report({"step": step, "loss": 1.0 / (step + 1), "step_time_s": 0.1})
+'''
+
+CELLS = [
+    "%load_ext raytpu_lab",
+    "%raytpu up --tpu v6e:4x4 --slices 1",
+    TRAIN_CELL,
+    "from raytpu_lab import get_lab\n"
+    "print('stopped', last_run.stopped, 'steps', last_run.steps)\n"
+    "print('idle', [s.name for s in get_lab().snapshot().idle_slices('v6e-16')])",
+    "%raytpu down",
+]
+LOAD, UP, TRAIN, AFTER, DOWN = range(len(CELLS))
+
+
+def _write_notebook(path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "raytpu_lab venv",
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nbformat.write(nb, path)
+
+
+def test_dashboard_updates_and_stops_in_jupyterlab(lab_server: LabServer) -> None:
+    assert os.path.exists(CHROMIUM), "make test installs Debian's chromium (make browser-deps)"
+    _write_notebook(lab_server.root_dir / NOTEBOOK)
+    BUILD.mkdir(exist_ok=True)
+    page_errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+            try:
+                _drive(page, lab_server, page_errors)
+            except BaseException:
+                try:
+                    page.screenshot(path=str(BUILD / "dashboard_failure.png"), full_page=True)
+                except Exception:
+                    pass
+                raise
+        finally:
+            browser.close()
+
+
+def _drive(page, server: LabServer, page_errors: list[str]) -> None:
+    page.goto(server.lab_url(NOTEBOOK))
+    nb = Notebook(page, server)
+    nb.cell(len(CELLS) - 1).wait_for(timeout=60_000)
+    nb.wait_kernel_idle(timeout_s=60)
+    nb.run(LOAD, timeout_s=60)
+    nb.run(UP, timeout_s=150)
+
+    before = nb.start(TRAIN)
+    dash = nb.cell(TRAIN).locator(".raytpu-dashboard").first
+    _poll("the cell shows the dashboard", dash.count, 60)
+    line = dash.locator(".js-plotly-plot .scatterlayer .trace path.js-line").first
+
+    def line_d() -> str:
+        return line.get_attribute("d") or "" if line.count() else ""
+
+    first = _poll("the chart draws a line", line_d, 180, 0.5, ok=lambda d: d.count("L") >= 3)
+    _poll("the chart keeps updating", line_d, 10, 0.3, ok=lambda d: d != first)
+    table_rows = _poll("the placement table lists 4 ranks",
+                       lambda: dash.locator("table tr").count(), 20, ok=lambda n: n >= 5)
+    assert table_rows >= 5
+    assert "tpu-v6e-4x4-0" in dash.inner_text()
+    dash.locator(".jupyter-widget-Collapse-header, .lm-AccordionPanel-title, .p-Collapse-header"
+                 ).first.click()  # open rank 0's log pane
+    _poll("rank 0's log pane shows its lines", lambda: dash.inner_text(), 10,
+          ok=lambda t: "rank 0 step" in t)
+    nb.cell(TRAIN).evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.screenshot(path=str(BUILD / "dashboard.png"))
+
+    stop = dash.locator("button:has-text('Stop')")
+    clicked = time.monotonic()
+    stop.click()
+    nb.wait_done(TRAIN, before, 15)
+    took_s = time.monotonic() - clicked
+    out = nb.output_text(TRAIN)
+    assert "was stopped" in out, out[-2000:]
+    print(f"Stop -> cell done in {took_s:.1f} s")
+
+    after = nb.run(AFTER, timeout_s=60)
+    assert "stopped True" in after, after
+    assert "idle ['tpu-v6e-4x4-0']" in after, after  # the slice is free again
+    nb.run(DOWN, timeout_s=120)
+    left = wait_until_gone((str(server.emulator_root),), timeout_s=30)
+    assert not left, [p.pid for p in left]
+    assert not page_errors, page_errors[-5:]
