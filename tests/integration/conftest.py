@@ -1,7 +1,9 @@
 """One emulated TPU cluster for all integration tests: real Ray, real JAX, no mocks.
 
-Two v6e 4x4 slices (the main job's shape) plus one slice of every other generation Ray accepts,
-small ones, so label derivation is checked for each: 13 TPU hosts and a head.
+Two v6e 4x4 slices (the main job's shape and the multi-slice runs), three v4 2x2x2 slices (two hosts
+each: reservation contention), a v5p 2x2x2 (two hosts of four chips: PyTorch/XLA, one worker per
+chip) and one small slice of every other generation Ray accepts, so label derivation is checked for
+each: 18 TPU hosts and a head.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from raytpu_lab.cluster import emulator
 from raytpu_lab.lab import Lab
 
 CLUSTER_NAME = "raytpu-test"
-SPECS = [("v6e:4x4", 2), ("v4:2x2x2", 1), ("v5litepod:2x2", 1), ("v5p:2x2x1", 1), ("v7x:2x2x1", 1)]
+SPECS = [("v6e:4x4", 2), ("v4:2x2x2", 3), ("v5litepod:2x2", 1), ("v5p:2x2x2", 1), ("v7x:2x2x1", 1)]
 
 
 @pytest.fixture(scope="session")

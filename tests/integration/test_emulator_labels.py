@@ -14,7 +14,7 @@ from .conftest import SPECS
 def test_every_host_joined_with_ray_derived_tpu_labels(lab: Lab, cluster: emulator.EmulatedCluster) -> None:
     nodes = {n["Labels"].get("ray.io/tpu-slice-name", "") + "/" + n["Labels"].get("ray.io/tpu-worker-id", ""): n
              for n in ray.nodes() if n["Alive"] and "TPU" in n["Resources"]}
-    assert len(nodes) == len(cluster.hosts) == 13
+    assert len(nodes) == len(cluster.hosts) == 18
     for host in cluster.hosts:
         shape = parse_spec(host.spec)
         node = nodes[f"{host.slice_name}/{host.worker_id}"]
