@@ -27,9 +27,11 @@ from raytpu_lab.errors import (
     TrainingConfigError,
 )
 from raytpu_lab.refresher import Refresher
-from raytpu_lab.reserve import Reservation, diagnose, reserve
-from raytpu_lab.state.fetch import fetch_raw_state
+from raytpu_lab.reserve import Reservation, adopt, diagnose, reserve
+from raytpu_lab.spmd import CellResult, SliceSession
+from raytpu_lab.state.fetch import fetch_placement_group_lifetimes, fetch_raw_state
 from raytpu_lab.state.model import ClusterSnapshot, build_snapshot
+from raytpu_lab.state.reservations import ReservationInfo, list_reservations
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
 from raytpu_lab.train.launch import RunResult, launch_jax
 from raytpu_lab.widgets.status import StatusView
@@ -58,6 +60,7 @@ class Lab:
         self._jobs: dict[str, str] = {}  # placement group id -> "run <name>", while it runs
         self.refresher = Refresher(self.snapshot)
         self._map: TopologyMap | None = None
+        self._sessions: dict[str, SliceSession] = {}  # reservation name -> its host processes
 
     # -- cluster ---------------------------------------------------------------------------
 
@@ -128,6 +131,7 @@ class Lab:
         Returns:
             The name of the emulated cluster stopped, or ``None`` if none was running.
         """
+        self._close_sessions()
         for res in list(self._reservations.values()):
             res.release()
         self._reservations.clear()
@@ -231,18 +235,25 @@ class Lab:
     def release(self, name: str, *, settle_s: float = 10.0) -> None:
         """Release reservation ``name`` and wait until Ray shows its slices free again.
 
+        ``name`` is one of this session's reservations or a detached one on the cluster (made
+        by another kernel; see :meth:`cluster_reservations`).
+
         Ray removes the placement groups at once, but nodes report the freed chips a moment later;
         waiting (at most ``settle_s`` seconds) keeps the next ``status`` or ``reserve`` truthful.
 
         Raises:
-            ReservationError: This session holds no reservation of that name.
+            ReservationError: Neither this session nor the cluster (detached) holds a reservation
+                of that name.
         """
         res = self._reservations.pop(name, None)
+        if res is None and self.connected:
+            res = self._adopt_detached(name)  # a detached one made by another driver, if any
         if res is None:
             held = ", ".join(self._reservations) or "none"
             raise ReservationError(f"No reservation named {name!r} in this session.",
                                    why=f"Reservations held: {held}.",
                                    fix="List them with %raytpu reservations.")
+        self._close_sessions(name)
         res.release()
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline:
@@ -254,6 +265,112 @@ class Lab:
     def reservations(self) -> list[Reservation]:
         """This session's reservations, oldest first."""
         return list(self._reservations.values())
+
+    def cluster_reservations(self) -> list[ReservationInfo]:
+        """Every raytpu reservation on the cluster, whoever made it (placement groups named
+        ``raytpu:<name>``), sorted by name, with lifetime (``detached``) and creator job.
+
+        Raises:
+            NotConnectedError: No cluster connected.
+        """
+        self._require_connection("list the cluster's reservations")
+        return list_reservations(fetch_raw_state(), fetch_placement_group_lifetimes())
+
+    def attach(self, name: str) -> Reservation:
+        """Adopt a detached reservation another driver (kernel) made, as if this session made it.
+
+        Afterwards ``release``, ``run_on``, ``down`` treat it as this session's; it stays
+        detached (it survives this kernel too unless released).
+
+        Raises:
+            NotConnectedError: No cluster connected.
+            ReservationError: No detached reservation of that name on the cluster (the message
+                lists those that exist), or this session holds one of that name already.
+        """
+        self._require_connection("attach a reservation")
+        if name in self._reservations:
+            raise ReservationError(f"Reservation {name!r} is this session's already.",
+                                   fix="Use it directly, or release it: %raytpu release " + name)
+        res = self._adopt_detached(name)
+        if res is None:
+            infos = self.cluster_reservations()
+            listed = ", ".join(f"{r.name} ({'detached' if r.detached else 'default lifetime'})"
+                               for r in infos) or "none"
+            info = next((r for r in infos if r.name == name), None)
+            why = (f"{name!r} has the default lifetime: it belongs to the driver that made it and "
+                   "ends with it." if info is not None else f"Reservations on the cluster: {listed}.")
+            raise ReservationError(f"No detached reservation named {name!r} on the cluster.",
+                                   why=why, fix="List them with %raytpu reservations --all.")
+        self._reservations[name] = res
+        self._highlight(set(res.slice_names))
+        return res
+
+    def _adopt_detached(self, name: str) -> Reservation | None:
+        info = next((r for r in self.cluster_reservations() if r.name == name and r.detached), None)
+        if info is None:
+            return None
+        if not info.slice_names or not info.topology:
+            raise ReservationError(
+                f"Reservation {name!r} is on the cluster but not placed ({info.state}).",
+                why="Its bundles sit on no live host, so its slices are unknown.",
+                fix=f"Release it from the kernel that made it, or wait; state: {info.state}.")
+        slice_state = self.snapshot().slice(info.slice_names[0])
+        return adopt(info, slice_state.shape)
+
+    # -- SPMD on a reservation --------------------------------------------------------------
+
+    def slice_session(self, name: str, *, init_jax: bool = True, timeout_s: float = 120.0,
+                      ) -> SliceSession:
+        """The persistent host processes of reservation ``name`` (started on first use).
+
+        One Ray actor per host, placed on the reservation's bundles in worker-id order, with
+        ``jax.distributed`` initialised once (coordinator on worker 0). They live until the
+        reservation is released, :meth:`down`, or the kernel exits.
+
+        Raises:
+            ReservationError: This session holds no reservation ``name`` (attach it first if
+                another kernel made it), or its hosts are not all placed.
+            RemoteHostError: A host failed to start or to initialise JAX.
+        """
+        res = self._reservations.get(name)
+        if res is None:
+            held = ", ".join(self._reservations) or "none"
+            raise ReservationError(f"No reservation named {name!r} in this session.",
+                                   why=f"Reservations held: {held}.",
+                                   fix="Reserve one (%raytpu reserve ...) or adopt a detached one "
+                                       "(%raytpu attach NAME).")
+        session = self._sessions.get(name)
+        if session is None or not session.started:
+            session = SliceSession(res, init_jax=init_jax, timeout_s=timeout_s)
+            self._sessions[name] = session
+            session.start()
+        return session
+
+    def run_on(self, name: str, code_or_fn: str | Callable[..., Any], *args: Any,
+               **kwargs: Any) -> CellResult:
+        """Run code (a cell's text) or call a function on every host of reservation ``name``.
+
+        Variables persist per host from call to call (each host has its own namespace).
+
+        Returns:
+            Output per host in worker-id order; ``.values`` is the list of return values (a
+            cell's last expression).
+
+        Raises:
+            ReservationError: See :meth:`slice_session`.
+            RemoteHostError: It raised on a host (that host's traceback; ``.result`` has all).
+            KeyboardInterrupt: Interrupted; the cell was stopped on every host first.
+        """
+        session = self.slice_session(name)
+        if isinstance(code_or_fn, str):
+            return session.run(code_or_fn)
+        return session.call(code_or_fn, *args, **kwargs)
+
+    def _close_sessions(self, name: str | None = None) -> None:
+        for key in [name] if name is not None else list(self._sessions):
+            session = self._sessions.pop(key, None) if key is not None else None
+            if session is not None:
+                session.close()
 
     # -- training --------------------------------------------------------------------------
 
@@ -356,6 +473,7 @@ class Lab:
                 return name
 
     def _forget_reservations(self) -> None:
+        self._close_sessions()
         for res in list(self._reservations.values()):
             if not res.detached:
                 res.release()

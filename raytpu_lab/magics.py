@@ -20,7 +20,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import HTML, display
 
 from raytpu_lab.cluster.emulator import DEFAULT_NAME
-from raytpu_lab.errors import RaytpuError, TrainingConfigError
+from raytpu_lab.errors import RaytpuError, RemoteHostError, TrainingConfigError
 from raytpu_lab.lab import get_lab
 from raytpu_lab.widgets.run_chart import RunChart
 
@@ -87,7 +87,22 @@ def build_parser() -> argparse.ArgumentParser:
     rel = sub.add_parser("release", help="release a reservation")
     rel.add_argument("name")
 
-    sub.add_parser("reservations", help="list this session's reservations")
+    listing = sub.add_parser("reservations", help="list this session's reservations")
+    listing.add_argument("--all", action="store_true",
+                         help="every raytpu reservation on the cluster, from any kernel")
+
+    run = sub.add_parser(
+        "run", help="(cell magic) run the cell on every host of a reservation",
+        description="Runs the cell on every host of reservation --on NAME, in one persistent\n"
+                    "process per host (worker-id order) with jax.distributed initialised, so\n"
+                    "variables persist from cell to cell on each host. Output is grouped per\n"
+                    "host; the last expression of every host comes back as a list (rank order).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--on", required=True, metavar="NAME", help="reservation name")
+    run.add_argument("--out", help="variable for the CellResult (outputs and values per host)")
+
+    att = sub.add_parser("attach", help="adopt a detached reservation made by another kernel")
+    att.add_argument("name")
 
     jax = sub.add_parser(
         "jax", help="(cell magic) run the cell's training function with JaxTrainer",
@@ -208,7 +223,33 @@ class RaytpuMagics(Magics):
         get_lab().release(args.name)
         print(f"Released {args.name!r}.")
 
+    def _do_run(self, args: argparse.Namespace, cell: str | None) -> Any:
+        if cell is None:
+            raise UsageError("%%raytpu run is a cell magic: put the code to run on every host in "
+                             "the cell.")
+        try:
+            result = get_lab().run_on(args.on, cell)
+        except RemoteHostError as err:
+            if err.result is not None:
+                print(err.result.text())
+            raise
+        text = result.text()
+        if text:
+            print(text)
+        if args.out:
+            self._shell.user_ns[args.out] = result
+        values = result.values
+        return None if all(v is None for v in values) else values
+
+    def _do_attach(self, args: argparse.Namespace, cell: str | None) -> None:
+        res = get_lab().attach(args.name)
+        print(f"Attached {res.name!r}: {', '.join(res.slice_names)} "
+              f"({_n(res.num_hosts, 'host')}, {_n(res.num_chips, 'chip')}, detached).")
+
     def _do_reservations(self, args: argparse.Namespace, cell: str | None) -> None:
+        if args.all:
+            self._print_cluster_reservations()
+            return
         held = get_lab().reservations()
         if not held:
             print("No reservations in this session.")
@@ -216,6 +257,17 @@ class RaytpuMagics(Magics):
             print(f"{r.name}: {r.shape.pod_type} {r.shape.topology} on {', '.join(r.slice_names)} "
                   f"({_n(r.num_hosts, 'host')}, {_n(r.num_chips, 'chip')}"
                   f"{', detached' if r.detached else ''})")
+
+    def _print_cluster_reservations(self) -> None:
+        own = {r.name for r in get_lab().reservations()}
+        infos = get_lab().cluster_reservations()
+        if not infos:
+            print("No raytpu reservations on the cluster.")
+        for r in infos:
+            life = {True: "detached", False: "default lifetime", None: "lifetime unknown"}[r.detached]
+            whose = "this session" if r.name in own else f"job {r.creator_job_id or '?'}"
+            print(f"{r.name}: {r.pod_type or '?'} {r.topology} on {', '.join(r.slice_names) or '-'} "
+                  f"({_n(r.num_hosts, 'host')}, {_n(r.chips, 'chip')}; {life}; {whose}; {r.state})")
 
     def _do_jax(self, args: argparse.Namespace, cell: str | None) -> Any:
         if cell is None:
