@@ -34,6 +34,7 @@ from raytpu_lab.state.model import ClusterSnapshot, build_snapshot
 from raytpu_lab.state.reservations import ReservationInfo, list_reservations
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
 from raytpu_lab.train.launch import RunResult, launch_jax
+from raytpu_lab.train.on_reservation import lend_to_run
 from raytpu_lab.widgets.status import StatusView
 from raytpu_lab.widgets.topology_map import TopologyMap
 
@@ -61,6 +62,7 @@ class Lab:
         self.refresher = Refresher(self.snapshot)
         self._map: TopologyMap | None = None
         self._sessions: dict[str, SliceSession] = {}  # reservation name -> its host processes
+        self._lending: Reservation | None = None  # lent to the Ray Train run being launched
 
     # -- cluster ---------------------------------------------------------------------------
 
@@ -378,8 +380,14 @@ class Lab:
                   slices: int = 1, name: str | None = None, config: dict[str, Any] | None = None,
                   storage_path: str | None = None, wait_s: float = 60.0,
                   on_launch: Callable[[], None] | None = None,
-                  on_records: Callable[[list[dict[str, Any]]], None] | None = None) -> RunResult:
+                  on_records: Callable[[list[dict[str, Any]]], None] | None = None,
+                  reservation: str | None = None) -> RunResult:
         """Train with Ray Train's ``JaxTrainer`` on ``slices`` whole slices (one worker per host).
+
+        With ``reservation``, the run goes on exactly that reservation's slices or fails with
+        :class:`ReservationError` (see :mod:`raytpu_lab.train.on_reservation`: Ray Train picks
+        its slice itself, so the other slices' heads are fenced while it picks, and the
+        reservation takes its slices back when the run ends).
 
         Args:
             train_fn: Per-worker function ``f(config)``; calls ``ray.train.report``.
@@ -389,12 +397,17 @@ class Lab:
             name: Run name; ``jax-<time>`` if omitted.
             config: Passed to ``train_fn``.
             storage_path: Ray Train storage for checkpoints and results.
-            wait_s: Seconds to wait for enough idle slices before launching.
+            wait_s: Seconds to wait for enough idle slices before launching (with
+                ``reservation``: for the run to land on the reserved slices).
             on_launch: Called once checks pass, just before the run starts (e.g. show a chart).
             on_records: Live callback with each batch of reported records.
+            reservation: Run on this reservation of the session (shape and slice count must
+                match it).
 
         Raises:
             InvalidTopologyError: Bad topology (before Ray is asked).
+            ReservationError: ``reservation`` is unknown or does not match, or the run did not
+                land on it (aborted).
             NotConnectedError: No cluster connected.
             NoSliceAvailableError: Not enough intact idle slices within ``wait_s``.
             TrainingError: The workers raised (the slices are freed).
@@ -407,6 +420,11 @@ class Lab:
                 why="Ray Train passes train_loop_config to the function as a dict.",
                 fix="Pass a dict, e.g. --config \"{'steps': 100}\".")
         self._require_connection("launch a JaxTrainer run")
+        if reservation is not None and self._lending is None:  # run on a reservation: see above
+            return self._on_reservation(reservation, shape, slices, wait_s, lambda: self.train_jax(
+                train_fn, topology, version, slices=slices, name=name, config=config,
+                storage_path=storage_path, wait_s=wait_s, on_launch=on_launch,
+                on_records=on_records, reservation=reservation))
         self._wait_for_idle(shape, slices, wait_s)
         if on_launch is not None:
             on_launch()
@@ -427,7 +445,32 @@ class Lab:
 
     # -- helpers ---------------------------------------------------------------------------
 
+    def _on_reservation(self, name: str, shape: SliceShape, slices: int, wait_s: float,
+                        launch: Callable[[], RunResult]) -> RunResult:
+        """Run ``launch()`` (a Ray Train run) on reservation ``name``'s slices, or fail clearly."""
+        res = self._reservations.get(name)
+        if res is None:
+            raise ReservationError(f"No reservation named {name!r} in this session.",
+                                   why=f"Reservations held: {', '.join(self._reservations) or 'none'}.",
+                                   fix="Reserve it first, or attach a detached one (%raytpu attach).")
+        if (res.shape.pod_type, res.shape.topology, len(res.slice_names)) != (
+                shape.pod_type, shape.topology, slices):
+            raise ReservationError(
+                f"Reservation {name!r} holds {len(res.slice_names)} x {res.shape.pod_type} "
+                f"({res.shape.topology}), not {slices} x {shape.pod_type} ({shape.topology}).",
+                fix=f"Use --topology {res.shape.topology} --version {res.shape.version} "
+                    f"--slices {len(res.slice_names)}, or leave them out with --reservation.")
+        self._close_sessions(name)  # its host processes hold the chips the run needs
+        self._lending = res
+        try:
+            with lend_to_run(res, self.snapshot, fetch_raw_state, wait_s=wait_s):
+                return launch()
+        finally:
+            self._lending = None
+
     def _wait_for_idle(self, shape: SliceShape, slices: int, wait_s: float) -> None:
+        if self._lending is not None:  # the run goes on a lent reservation (lend_to_run)
+            return
         deadline = time.monotonic() + wait_s
         while True:
             snap = self.snapshot()

@@ -114,14 +114,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "--slices whole slices (ScalingConfig(use_tpu=True, topology, accelerator_type)).\n"
                     "A live loss / step-time chart shows rank 0's 'loss' and 'step_time_s'; the\n"
                     "result (records of every rank, summary) is left in --out (default last_run).")
-    jax.add_argument("--topology", required=True, help="slice topology, e.g. 4x4")
-    jax.add_argument("--version", required=True, help="accelerator version, e.g. v6e")
+    jax.add_argument("--topology", help="slice topology, e.g. 4x4 (required without --reservation)")
+    jax.add_argument("--version", help="accelerator version, e.g. v6e (required without --reservation)")
     jax.add_argument("--slices", type=int, default=1, help="slices (default 1)")
     jax.add_argument("--name", help="run name")
     jax.add_argument("--fn", help="function to run if the cell defines several")
     jax.add_argument("--config", help="Python expression for train_loop_config, e.g. \"{'steps': 100}\"")
     jax.add_argument("--out", default="last_run", help="variable for the result (default last_run)")
     jax.add_argument("--storage", help="Ray Train storage path")
+    jax.add_argument("--reservation", metavar="NAME",
+                     help="run on exactly this reservation's slices, or fail (it gets them back after)")
     return parser
 
 
@@ -272,6 +274,7 @@ class RaytpuMagics(Magics):
     def _do_jax(self, args: argparse.Namespace, cell: str | None) -> Any:
         if cell is None:
             raise UsageError("%%raytpu jax is a cell magic: put the training function in the cell.")
+        self._jax_shape_from_reservation(args)
         fn = self._training_function(cell, args.fn)
         config = self._config(args.config)
         chart = RunChart(args.name or fn.__name__)
@@ -279,7 +282,7 @@ class RaytpuMagics(Magics):
         try:
             run = get_lab().train_jax(
                 fn, args.topology, args.version, slices=args.slices, name=args.name, config=config,
-                storage_path=args.storage, on_records=chart.add,
+                storage_path=args.storage, on_records=chart.add, reservation=args.reservation,
                 on_launch=lambda: handles.append(display(chart.figure, display_id=True)))
         finally:
             # Swap the live widget for a static chart, so exports and reloads still show it.
@@ -291,6 +294,19 @@ class RaytpuMagics(Magics):
               f"{s['wall_s']} s ({s['steps_per_s']} steps/s); final {s['final_metrics']}. "
               f"Result in `{args.out}`.")
         return None
+
+    def _jax_shape_from_reservation(self, args: argparse.Namespace) -> None:
+        """``--reservation NAME`` fills ``--topology/--version/--slices`` from the reservation."""
+        if args.reservation:
+            res = {r.name: r for r in get_lab().reservations()}.get(args.reservation)
+            if res is not None:
+                args.topology = args.topology or res.shape.topology
+                args.version = args.version or res.shape.version
+                if args.slices == 1:
+                    args.slices = len(res.slice_names)
+        if not args.topology or not args.version:
+            raise UsageError("raytpu jax: --topology and --version are required (or --reservation "
+                             "NAME of this session's reservations)")
 
     def _config(self, text: str | None) -> Any:
         """``--config``: a Python expression evaluated in the user namespace (the user's own code)."""

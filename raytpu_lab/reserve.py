@@ -13,11 +13,14 @@ own snapshot, plus a head lock per slice:
 3. Reserve every host through ``slice_placement_group(..., bundle_label_selector=[{slice name}])``:
    Ray gang-schedules the bundles atomically, one per host.
 4. Every wait is bounded by the timeout; what was half made is removed before trying the next
-   slices or raising.
+   slices or raising. Drivers racing from the same snapshot pick among idle slices at random,
+   and a pick whose head lock is not placed within ~2 s (another driver got that head) is
+   dropped for a fresh snapshot and a new pick, so losers move on to other idle slices.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +35,11 @@ from raytpu_lab.state.reservations import ReservationInfo, head_lock_name, reser
 from raytpu_lab.tpu.topology import SliceShape
 
 __all__ = ["Reservation", "reserve", "reserve_slices", "adopt", "diagnose", "RESERVATION_PREFIX"]
+
+_HEAD_ATTEMPT_S = 2.0
+"""Seconds one pick waits for its head locks before choosing again (placing one takes ~10 ms)."""
+_CHIPS_ATTEMPT_S = 5.0
+"""Seconds one pick waits for its chips once the heads are held."""
 
 
 @dataclass
@@ -130,7 +138,9 @@ def reserve(
     if len(intact) < num_slices:
         raise diagnose(snap, shape, num_slices, timeout_s=0.0, impossible=True)
     while True:
-        chosen = [s.name for s in snap.idle_slices(shape.pod_type)][:num_slices]
+        idle = [s.name for s in snap.idle_slices(shape.pod_type)]
+        # A random pick: drivers racing from the same snapshot rarely all go for one slice.
+        chosen = random.sample(idle, num_slices) if len(idle) >= num_slices else []
         if len(chosen) == num_slices:
             made = _try_reserve(shape, chosen, name, lifetime, deadline, start, on_wait)
             if made is not None:
@@ -139,7 +149,7 @@ def reserve(
         if time.monotonic() >= deadline:
             raise diagnose(snapshot(), shape, num_slices, timeout_s=timeout_s)
         _tick(on_wait, start)
-        time.sleep(0.5)
+        time.sleep(random.uniform(0.1, 0.4))
         snap = snapshot()
 
 
@@ -154,10 +164,14 @@ def reserve_slices(shape: SliceShape, slice_names: list[str], *, name: str, time
         ``timeout_s`` seconds.
     """
     start = time.monotonic()
-    made = _try_reserve(shape, list(slice_names), name, "detached" if detached else None,
-                        start + timeout_s, start, None)
-    if made is None:
-        return None
+    while True:
+        made = _try_reserve(shape, list(slice_names), name, "detached" if detached else None,
+                            start + timeout_s, start, None)
+        if made is not None:
+            break
+        if time.monotonic() >= start + timeout_s:
+            return None
+        time.sleep(0.2)
     return Reservation(name=name, shape=shape, slice_names=list(slice_names), handle=made[0],
                        head_locks=made[1], detached=detached)
 
@@ -189,14 +203,17 @@ def _try_reserve(shape: SliceShape, slices: list[str], name: str, lifetime: str 
                 bundles=[{shape.head_resource: 1}],
                 bundle_label_selector=[{LABEL_SLICE: s, LABEL_WORKER: "0"}],
                 name=head_lock_name(name, s), lifetime=lifetime))
-        if not _wait_ready(locks, deadline, start, on_wait):
+        # A head lock not placed at once means another driver locked that head after our
+        # snapshot: give up on this pick soon and choose again, rather than wait out the timeout.
+        if not _wait_ready(locks, min(deadline, time.monotonic() + _HEAD_ATTEMPT_S), start, on_wait):
             return None
         handle = slice_placement_group(
             shape.topology, shape.version, num_slices=len(slices),
             bundle_label_selector=[{LABEL_SLICE: s} for s in slices for _ in range(shape.num_hosts)],
             name=reservation_group_name(name), lifetime=lifetime)
         pg = handle.placement_group
-        made = pg is not None and _wait_ready([pg], deadline, start, on_wait)
+        made = pg is not None and _wait_ready(
+            [pg], min(deadline, time.monotonic() + _CHIPS_ATTEMPT_S), start, on_wait)
         return (handle, locks) if made else None
     finally:
         # Anything not returned above is half made: remove it before retrying or raising.
