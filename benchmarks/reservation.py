@@ -9,6 +9,10 @@ then:
    released between rounds, untimed, until the snapshot shows every slice idle again;
 2. ``Lab.reserve(..., slices=n)`` for n = 1, 2, 4, 8 (``--repeats`` each, median).
 
+Why (b) can be faster than (a): bare ``slice_placement_group`` learns which slice its head lock
+won by running a task on that host (``fetch_tpu_slice_name_from_pg``), which starts a worker
+process there; (b) picked the slice by name from its snapshot and needs no task.
+
 Prints the medians and, as the last line, ``RESULT {json}`` with ``overhead_ratio_median`` (the
 median over rounds of (b)/(a)) and ``reserve_s_by_slices``. Target: overhead ratio <= 1.10.
 Run: ``RAYTPU_EMULATOR_ROOT=/tmp/rb .venv/bin/python benchmarks/reservation.py``.
