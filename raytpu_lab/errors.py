@@ -14,11 +14,14 @@ Every error carries three parts: what happened, why, and what to do next. Magics
     │   └── NoSliceAvailableError   no intact idle slice within the timeout (names each slice and why)
     ├── TrainingConfigError         a training request that cannot run (bad config), before launch
     ├── TrainingError               a JaxTrainer run failed on the workers (carries the worker traceback)
+    ├── RemoteHostError             a cell run on a reservation's hosts failed on a host (its traceback)
     ├── ManifestError               a RayCluster manifest fails the CRD schema or the TPU rules
     └── KubernetesError             kubeconfig, RBAC, RayCluster/CRD lookup or readiness on Kubernetes
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "RaytpuError",
@@ -30,6 +33,7 @@ __all__ = [
     "NoSliceAvailableError",
     "TrainingConfigError",
     "TrainingError",
+    "RemoteHostError",
     "ManifestError",
     "KubernetesError",
 ]
@@ -139,6 +143,26 @@ class TrainingError(RaytpuError):
                  worker_error: str = "") -> None:
         self.run_name = run_name
         self.worker_error = worker_error
+        super().__init__(what, why, fix)
+
+
+class RemoteHostError(RaytpuError):
+    """A cell (or function) run on every host of a reservation failed on at least one host.
+
+    ``why`` is the first failing host's traceback, as ipyparallel's ``RemoteError`` shows the
+    engine's.
+
+    Attributes:
+        result: Every host's output for the cell (a ``raytpu_lab.spmd.CellResult``), or ``None``
+            when the hosts could not run it at all.
+        host: The first failing host's output (``raytpu_lab.spmd.HostOutput``: rank, slice name,
+            worker id, traceback text in ``.error``), or ``None``.
+    """
+
+    def __init__(self, what: str, why: str = "", fix: str = "", *, result: Any = None,
+                 host: Any = None) -> None:
+        self.result = result
+        self.host = host
         super().__init__(what, why, fix)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,11 +29,14 @@ from raytpu_lab.errors import (
     TrainingConfigError,
 )
 from raytpu_lab.refresher import Refresher
-from raytpu_lab.reserve import Reservation, diagnose, reserve
-from raytpu_lab.state.fetch import fetch_raw_state
+from raytpu_lab.reserve import Reservation, adopt, diagnose, reserve
+from raytpu_lab.spmd import CellResult, SliceSession
+from raytpu_lab.state.fetch import fetch_placement_group_lifetimes, fetch_raw_state
 from raytpu_lab.state.model import ClusterSnapshot, build_snapshot
+from raytpu_lab.state.reservations import ReservationInfo, list_reservations
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
 from raytpu_lab.train.launch import RunHandle, RunListener, RunResult, RunUpdate, start_jax
+from raytpu_lab.train.on_reservation import SliceLoan
 from raytpu_lab.train.worker_tap import accepts_config
 from raytpu_lab.widgets.status import StatusView
 from raytpu_lab.widgets.topology_map import TopologyMap
@@ -66,6 +70,7 @@ class Lab:
         self.refresher = Refresher(self.snapshot)
         self._map: TopologyMap | None = None
         self.kuberay: KubeRayTarget | None = None
+        self._sessions: dict[str, SliceSession] = {}  # reservation name -> its host processes
 
     # -- cluster ---------------------------------------------------------------------------
 
@@ -149,6 +154,7 @@ class Lab:
         Returns:
             The name of the emulated cluster stopped, or ``None`` if none was running.
         """
+        self._close_sessions()
         for res in list(self._reservations.values()):
             res.release()
         self._reservations.clear()
@@ -259,18 +265,25 @@ class Lab:
     def release(self, name: str, *, settle_s: float = 10.0) -> None:
         """Release reservation ``name`` and wait until Ray shows its slices free again.
 
+        ``name`` is one of this session's reservations or a detached one on the cluster (made
+        by another kernel; see :meth:`cluster_reservations`).
+
         Ray removes the placement groups at once, but nodes report the freed chips a moment later;
         waiting (at most ``settle_s`` seconds) keeps the next ``status`` or ``reserve`` truthful.
 
         Raises:
-            ReservationError: This session holds no reservation of that name.
+            ReservationError: Neither this session nor the cluster (detached) holds a reservation
+                of that name.
         """
         res = self._reservations.pop(name, None)
+        if res is None and self.connected:
+            res = self._adopt_detached(name)  # a detached one made by another driver, if any
         if res is None:
             held = ", ".join(self._reservations) or "none"
             raise ReservationError(f"No reservation named {name!r} in this session.",
                                    why=f"Reservations held: {held}.",
                                    fix="List them with %raytpu reservations.")
+        self._close_sessions(name)
         res.release()
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline:
@@ -283,15 +296,127 @@ class Lab:
         """This session's reservations, oldest first."""
         return list(self._reservations.values())
 
+    def cluster_reservations(self) -> list[ReservationInfo]:
+        """Every raytpu reservation on the cluster, whoever made it (placement groups named
+        ``raytpu:<name>``), sorted by name, with lifetime (``detached``) and creator job.
+
+        Raises:
+            NotConnectedError: No cluster connected.
+        """
+        self._require_connection("list the cluster's reservations")
+        return list_reservations(fetch_raw_state(), fetch_placement_group_lifetimes())
+
+    def attach(self, name: str) -> Reservation:
+        """Adopt a detached reservation another driver (kernel) made, as if this session made it.
+
+        Afterwards ``release``, ``run_on``, ``down`` treat it as this session's; it stays
+        detached (it survives this kernel too unless released).
+
+        Raises:
+            NotConnectedError: No cluster connected.
+            ReservationError: No detached reservation of that name on the cluster (the message
+                lists those that exist), or this session holds one of that name already.
+        """
+        self._require_connection("attach a reservation")
+        if name in self._reservations:
+            raise ReservationError(f"Reservation {name!r} is this session's already.",
+                                   fix="Use it directly, or release it: %raytpu release " + name)
+        res = self._adopt_detached(name)
+        if res is None:
+            infos = self.cluster_reservations()
+            listed = ", ".join(f"{r.name} ({'detached' if r.detached else 'default lifetime'})"
+                               for r in infos) or "none"
+            info = next((r for r in infos if r.name == name), None)
+            why = (f"{name!r} has the default lifetime: it belongs to the driver that made it and "
+                   "ends with it." if info is not None else f"Reservations on the cluster: {listed}.")
+            raise ReservationError(f"No detached reservation named {name!r} on the cluster.",
+                                   why=why, fix="List them with %raytpu reservations --all.")
+        self._reservations[name] = res
+        self._highlight(set(res.slice_names))
+        return res
+
+    def _adopt_detached(self, name: str) -> Reservation | None:
+        info = next((r for r in self.cluster_reservations() if r.name == name and r.detached), None)
+        if info is None:
+            return None
+        if not info.slice_names or not info.topology:
+            raise ReservationError(
+                f"Reservation {name!r} is on the cluster but not placed ({info.state}).",
+                why="Its bundles sit on no live host, so its slices are unknown.",
+                fix=f"Release it from the kernel that made it, or wait; state: {info.state}.")
+        slice_state = self.snapshot().slice(info.slice_names[0])
+        return adopt(info, slice_state.shape)
+
+    # -- SPMD on a reservation --------------------------------------------------------------
+
+    def slice_session(self, name: str, *, init_jax: bool = True, timeout_s: float = 120.0,
+                      ) -> SliceSession:
+        """The persistent host processes of reservation ``name`` (started on first use).
+
+        One Ray actor per host, placed on the reservation's bundles in worker-id order, with
+        ``jax.distributed`` initialised once (coordinator on worker 0). They live until the
+        reservation is released, :meth:`down`, or the kernel exits.
+
+        Raises:
+            ReservationError: This session holds no reservation ``name`` (attach it first if
+                another kernel made it), or its hosts are not all placed.
+            RemoteHostError: A host failed to start or to initialise JAX.
+        """
+        res = self._reservations.get(name)
+        if res is None:
+            held = ", ".join(self._reservations) or "none"
+            raise ReservationError(f"No reservation named {name!r} in this session.",
+                                   why=f"Reservations held: {held}.",
+                                   fix="Reserve one (%raytpu reserve ...) or adopt a detached one "
+                                       "(%raytpu attach NAME).")
+        session = self._sessions.get(name)
+        if session is None or not session.started:
+            session = SliceSession(res, init_jax=init_jax, timeout_s=timeout_s)
+            self._sessions[name] = session
+            session.start()
+        return session
+
+    def run_on(self, name: str, code_or_fn: str | Callable[..., Any], *args: Any,
+               **kwargs: Any) -> CellResult:
+        """Run code (a cell's text) or call a function on every host of reservation ``name``.
+
+        Variables persist per host from call to call (each host has its own namespace).
+
+        Returns:
+            Output per host in worker-id order; ``.values`` is the list of return values (a
+            cell's last expression).
+
+        Raises:
+            ReservationError: See :meth:`slice_session`.
+            RemoteHostError: It raised on a host (that host's traceback; ``.result`` has all).
+            KeyboardInterrupt: Interrupted; the cell was stopped on every host first.
+        """
+        session = self.slice_session(name)
+        if isinstance(code_or_fn, str):
+            return session.run(code_or_fn)
+        return session.call(code_or_fn, *args, **kwargs)
+
+    def _close_sessions(self, name: str | None = None) -> None:
+        for key in [name] if name is not None else list(self._sessions):
+            session = self._sessions.pop(key, None) if key is not None else None
+            if session is not None:
+                session.close()
+
     # -- training --------------------------------------------------------------------------
 
     def train_jax(self, train_fn: Callable[..., Any], topology: str, version: str, *,
                   slices: int = 1, name: str | None = None, config: dict[str, Any] | None = None,
                   storage_path: str | None = None, wait_s: float = 60.0,
                   on_launch: Callable[[], None] | None = None,
-                  on_records: Callable[[list[dict[str, Any]]], None] | None = None) -> RunResult:
+                  on_records: Callable[[list[dict[str, Any]]], None] | None = None,
+                  reservation: str | None = None) -> RunResult:
         """Train with Ray Train's ``JaxTrainer`` on ``slices`` whole slices (one worker per host);
         block until the run ends. :meth:`start_jax` without waiting; Ctrl-C stops the run.
+
+        With ``reservation``, the run goes on exactly that reservation's slices or fails with
+        :class:`ReservationError` (see :mod:`raytpu_lab.train.on_reservation`: Ray Train picks
+        its slice itself, so the other slices' heads are fenced while it picks, and the
+        reservation takes its slices back when the run ends).
 
         Args:
             train_fn: Per-worker function ``f(config)`` or ``f()``; calls ``ray.train.report``.
@@ -301,13 +426,18 @@ class Lab:
             name: Run name; ``jax-<time>`` if omitted.
             config: Passed to ``train_fn``.
             storage_path: Ray Train storage for checkpoints and results.
-            wait_s: Seconds to wait for enough idle slices before launching.
+            wait_s: Seconds to wait for enough idle slices before launching (with
+                ``reservation``: for the run to land on the reserved slices).
             on_launch: Called once checks pass, just before the run starts (e.g. show a chart).
             on_records: Live callback with each batch of reported records.
+            reservation: Run on this reservation of the session (shape and slice count must
+                match it).
 
         Raises:
             InvalidTopologyError: Bad topology (before Ray is asked).
             TrainingConfigError: Bad config or a function Ray Train cannot call (before launch).
+            ReservationError: ``reservation`` is unknown or does not match, or the run did not
+                land on it (aborted).
             NotConnectedError: No cluster connected.
             NoSliceAvailableError: Not enough intact idle slices within ``wait_s``.
             TrainingError: The workers raised (the slices are freed); names rank, host, traceback.
@@ -315,7 +445,8 @@ class Lab:
         """
         return self.start_jax(train_fn, topology, version, slices=slices, name=name,
                               config=config, storage_path=storage_path, wait_s=wait_s,
-                              on_launch=on_launch, on_records=on_records).wait()
+                              on_launch=on_launch, on_records=on_records,
+                              reservation=reservation).wait()
 
     def start_jax(self, train_fn: Callable[..., Any], topology: str, version: str, *,
                   slices: int = 1, name: str | None = None, config: dict[str, Any] | None = None,
@@ -323,7 +454,7 @@ class Lab:
                   on_launch: Callable[[], None] | None = None,
                   on_records: Callable[[list[dict[str, Any]]], None] | None = None,
                   listener: RunListener | None = None, mute_driver_logs: bool = False,
-                  ) -> RunHandle:
+                  reservation: str | None = None) -> RunHandle:
         """Start a ``JaxTrainer`` run (as :meth:`train_jax`) and return its handle at once.
 
         ``handle.wait()`` blocks for the :class:`RunResult`, ``handle.stop()`` aborts the run and
@@ -348,19 +479,27 @@ class Lab:
             lambda **kw: start_jax(train_fn, shape, name=run_name, num_slices=slices,
                                    config=config, storage_path=storage_path, **kw),
             shape, slices, run_name, wait_s=wait_s, on_launch=on_launch, on_records=on_records,
-            listener=listener, mute_driver_logs=mute_driver_logs)
+            listener=listener, mute_driver_logs=mute_driver_logs, reservation=reservation)
 
     def _start_run(self, start: Callable[..., RunHandle], shape: SliceShape, slices: int,
                    run_name: str, *, wait_s: float, on_launch: Callable[[], None] | None,
                    on_records: Callable[[list[dict[str, Any]]], None] | None,
-                   listener: RunListener | None, mute_driver_logs: bool) -> RunHandle:
+                   listener: RunListener | None, mute_driver_logs: bool,
+                   reservation: str | None = None) -> RunHandle:
         """Checks, launch and bookkeeping shared by every trainer: ``start(**kwargs)`` calls
-        :func:`~raytpu_lab.train.launch.start_run` (through ``start_jax``...) with ours."""
+        :func:`~raytpu_lab.train.launch.start_run` (through ``start_jax``...) with ours.
+
+        With ``reservation``, the run is lent that reservation's slices (a
+        :class:`~raytpu_lab.train.on_reservation.SliceLoan`): it lands there or is aborted, and
+        the reservation takes its slices back when the run ends."""
         self._require_connection(f"launch run {run_name!r}")
-        self._wait_for_idle(shape, slices, wait_s)
+        loan = self._loan(reservation, shape, slices, wait_s) if reservation is not None else None
+        if loan is None:
+            self._wait_for_idle(shape, slices, wait_s)
         if on_launch is not None:
             on_launch()
         label = f"run {run_name}"
+        box: list[RunHandle] = []
 
         def placed(slice_names: list[str], pg_ids: list[str]) -> None:
             self._jobs.update({pg: label for pg in pg_ids})
@@ -376,11 +515,32 @@ class Lab:
             def on_end(self, result: RunResult) -> None:
                 lab._jobs = {pg: v for pg, v in lab._jobs.items() if v != label}
                 lab.last_run = result
+                if loan is not None and box:
+                    box[0].failure = loan.end()
                 if listener is not None:
                     listener.on_end(result)
 
-        return start(snapshot=self.snapshot, on_records=on_records, on_placement=placed,
-                     listener=_Bookkeeping(), mute_driver_logs=mute_driver_logs)
+        abort_wanted = threading.Event()
+
+        def abort() -> None:
+            # Never block the loan's watcher on stop(): stop waits for on_end, which ends the loan.
+            abort_wanted.set()
+            if box:
+                threading.Thread(target=box[0].stop, daemon=True).start()
+
+        if loan is not None:
+            loan.begin(abort=abort)
+        try:
+            handle = start(snapshot=self.snapshot, on_records=on_records, on_placement=placed,
+                           listener=_Bookkeeping(), mute_driver_logs=mute_driver_logs)
+        except BaseException:
+            if loan is not None:
+                loan.end()
+            raise
+        box.append(handle)
+        if abort_wanted.is_set():  # the loan gave up before the handle existed
+            threading.Thread(target=handle.stop, daemon=True).start()
+        return handle
 
     # -- KubeRay ---------------------------------------------------------------------------
 
@@ -532,6 +692,23 @@ class Lab:
 
     # -- helpers ---------------------------------------------------------------------------
 
+    def _loan(self, name: str, shape: SliceShape, slices: int, wait_s: float) -> SliceLoan:
+        """Reservation ``name``'s slices, to lend to a Ray Train run of ``slices`` x ``shape``."""
+        res = self._reservations.get(name)
+        if res is None:
+            raise ReservationError(f"No reservation named {name!r} in this session.",
+                                   why=f"Reservations held: {', '.join(self._reservations) or 'none'}.",
+                                   fix="Reserve it first, or attach a detached one (%raytpu attach).")
+        if (res.shape.pod_type, res.shape.topology, len(res.slice_names)) != (
+                shape.pod_type, shape.topology, slices):
+            raise ReservationError(
+                f"Reservation {name!r} holds {len(res.slice_names)} x {res.shape.pod_type} "
+                f"({res.shape.topology}), not {slices} x {shape.pod_type} ({shape.topology}).",
+                fix=f"Use --topology {res.shape.topology} --version {res.shape.version} "
+                    f"--slices {len(res.slice_names)}, or leave them out with --reservation.")
+        self._close_sessions(name)  # its host processes hold the chips the run needs
+        return SliceLoan(res, self.snapshot, fetch_raw_state, wait_s=wait_s)
+
     def _wait_for_idle(self, shape: SliceShape, slices: int, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
         while True:
@@ -578,6 +755,7 @@ class Lab:
                 return name
 
     def _forget_reservations(self) -> None:
+        self._close_sessions()
         for res in list(self._reservations.values()):
             if not res.detached:
                 res.release()

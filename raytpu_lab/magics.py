@@ -23,7 +23,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from raytpu_lab.cluster.emulator import DEFAULT_NAME
-from raytpu_lab.errors import RaytpuError, TrainingConfigError
+from raytpu_lab.errors import RaytpuError, RemoteHostError, TrainingConfigError
 from raytpu_lab.lab import get_lab
 from raytpu_lab.train.run import RunHandle
 from raytpu_lab.widgets.run_dashboard import RunDashboard
@@ -117,7 +117,22 @@ def build_parser() -> argparse.ArgumentParser:
     rel = sub.add_parser("release", help="release a reservation")
     rel.add_argument("name")
 
-    sub.add_parser("reservations", help="list this session's reservations")
+    listing = sub.add_parser("reservations", help="list this session's reservations")
+    listing.add_argument("--all", action="store_true",
+                         help="every raytpu reservation on the cluster, from any kernel")
+
+    run = sub.add_parser(
+        "run", help="(cell magic) run the cell on every host of a reservation",
+        description="Runs the cell on every host of reservation --on NAME, in one persistent\n"
+                    "process per host (worker-id order) with jax.distributed initialised, so\n"
+                    "variables persist from cell to cell on each host. Output is grouped per\n"
+                    "host; the last expression of every host comes back as a list (rank order).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--on", required=True, metavar="NAME", help="reservation name")
+    run.add_argument("--out", help="variable for the CellResult (outputs and values per host)")
+
+    att = sub.add_parser("attach", help="adopt a detached reservation made by another kernel")
+    att.add_argument("name")
 
     jax = sub.add_parser(
         "jax", help="(cell magic) run the cell's training function with JaxTrainer",
@@ -132,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "run and frees its slices). The result (records, placement, logs, summary) is\n"
                     "left in --out (default last_run); with --background the cell returns at once\n"
                     "and --out holds the run: last_run.wait(), last_run.stop(), last_run.result.")
-    jax.add_argument("--topology", required=True, help="slice topology, e.g. 4x4")
-    jax.add_argument("--version", required=True, help="accelerator version, e.g. v6e")
+    jax.add_argument("--topology", help="slice topology, e.g. 4x4 (required without --reservation)")
+    jax.add_argument("--version", help="accelerator version, e.g. v6e (required without --reservation)")
     jax.add_argument("--slices", type=int, default=1, help="slices (default 1)")
     jax.add_argument("--name", help="run name")
     jax.add_argument("--fn", help="function to run if the cell defines several")
@@ -142,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     jax.add_argument("--storage", help="Ray Train storage path")
     jax.add_argument("--background", action="store_true",
                      help="return at once; other cells run while the dashboard streams")
+    jax.add_argument("--reservation", metavar="NAME",
+                     help="run on exactly this reservation's slices, or fail (it gets them back after)")
     return parser
 
 
@@ -289,7 +306,33 @@ class RaytpuMagics(Magics):
         get_lab().release(args.name)
         print(f"Released {args.name!r}.")
 
+    def _do_run(self, args: argparse.Namespace, cell: str | None) -> Any:
+        if cell is None:
+            raise UsageError("%%raytpu run is a cell magic: put the code to run on every host in "
+                             "the cell.")
+        try:
+            result = get_lab().run_on(args.on, cell)
+        except RemoteHostError as err:
+            if err.result is not None:
+                print(err.result.text())
+            raise
+        text = result.text()
+        if text:
+            print(text)
+        if args.out:
+            self._shell.user_ns[args.out] = result
+        values = result.values
+        return None if all(v is None for v in values) else values
+
+    def _do_attach(self, args: argparse.Namespace, cell: str | None) -> None:
+        res = get_lab().attach(args.name)
+        print(f"Attached {res.name!r}: {', '.join(res.slice_names)} "
+              f"({_n(res.num_hosts, 'host')}, {_n(res.num_chips, 'chip')}, detached).")
+
     def _do_reservations(self, args: argparse.Namespace, cell: str | None) -> None:
+        if args.all:
+            self._print_cluster_reservations()
+            return
         held = get_lab().reservations()
         if not held:
             print("No reservations in this session.")
@@ -298,15 +341,27 @@ class RaytpuMagics(Magics):
                   f"({_n(r.num_hosts, 'host')}, {_n(r.num_chips, 'chip')}"
                   f"{', detached' if r.detached else ''})")
 
+    def _print_cluster_reservations(self) -> None:
+        own = {r.name for r in get_lab().reservations()}
+        infos = get_lab().cluster_reservations()
+        if not infos:
+            print("No raytpu reservations on the cluster.")
+        for r in infos:
+            life = {True: "detached", False: "default lifetime", None: "lifetime unknown"}[r.detached]
+            whose = "this session" if r.name in own else f"job {r.creator_job_id or '?'}"
+            print(f"{r.name}: {r.pod_type or '?'} {r.topology} on {', '.join(r.slice_names) or '-'} "
+                  f"({_n(r.num_hosts, 'host')}, {_n(r.chips, 'chip')}; {life}; {whose}; {r.state})")
+
     def _do_jax(self, args: argparse.Namespace, cell: str | None) -> Any:
         if cell is None:
             raise UsageError("%%raytpu jax is a cell magic: put the training function in the cell.")
+        self._jax_shape_from_reservation(args)
         fn = self._training_function(cell, args.fn)
         config = self._config(args.config)
         lab = get_lab()
         return self._watch_run(args, args.name or fn.__name__, lambda **kw: lab.start_jax(
             fn, args.topology, args.version, slices=args.slices, name=args.name, config=config,
-            storage_path=args.storage, mute_driver_logs=True, **kw))
+            storage_path=args.storage, mute_driver_logs=True, reservation=args.reservation, **kw))
 
     def _watch_run(self, args: argparse.Namespace, title: str,
                    start: Callable[..., RunHandle]) -> Any:
@@ -353,6 +408,19 @@ class RaytpuMagics(Magics):
         print(f"Run {s['name']!r} {state} on {', '.join(s['slices']) or '?'}: {s['steps']} steps "
               f"in {s['wall_s']} s ({s['steps_per_s']} steps/s); final {s['final_metrics']}. "
               f"Result in `{args.out}`.")
+
+    def _jax_shape_from_reservation(self, args: argparse.Namespace) -> None:
+        """``--reservation NAME`` fills ``--topology/--version/--slices`` from the reservation."""
+        if args.reservation:
+            res = {r.name: r for r in get_lab().reservations()}.get(args.reservation)
+            if res is not None:
+                args.topology = args.topology or res.shape.topology
+                args.version = args.version or res.shape.version
+                if args.slices == 1:
+                    args.slices = len(res.slice_names)
+        if not args.topology or not args.version:
+            raise UsageError("raytpu jax: --topology and --version are required (or --reservation "
+                             "NAME of this session's reservations)")
 
     def _config(self, text: str | None) -> Any:
         """``--config``: a Python expression evaluated in the user namespace (the user's own code)."""

@@ -13,11 +13,14 @@ own snapshot, plus a head lock per slice:
 3. Reserve every host through ``slice_placement_group(..., bundle_label_selector=[{slice name}])``:
    Ray gang-schedules the bundles atomically, one per host.
 4. Every wait is bounded by the timeout; what was half made is removed before trying the next
-   slices or raising.
+   slices or raising. Drivers racing from the same snapshot pick among idle slices at random,
+   and a pick whose head lock is not placed within ~2 s (another driver got that head) is
+   dropped for a fresh snapshot and a new pick, so losers move on to other idle slices.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,11 +31,15 @@ from ray.util.tpu import SlicePlacementGroup, slice_placement_group
 
 from raytpu_lab.errors import NoSliceAvailableError
 from raytpu_lab.state.model import LABEL_SLICE, LABEL_WORKER, RESERVATION_PREFIX, ClusterSnapshot
+from raytpu_lab.state.reservations import ReservationInfo, head_lock_name, reservation_group_name
 from raytpu_lab.tpu.topology import SliceShape
 
-__all__ = ["Reservation", "reserve", "diagnose", "RESERVATION_PREFIX"]
+__all__ = ["Reservation", "reserve", "reserve_slices", "adopt", "diagnose", "RESERVATION_PREFIX"]
 
-_HEAD_SUFFIX = ":head"
+_HEAD_ATTEMPT_S = 2.0
+"""Seconds one pick waits for its head locks before choosing again (placing one takes ~10 ms)."""
+_CHIPS_ATTEMPT_S = 5.0
+"""Seconds one pick waits for its chips once the heads are held."""
 
 
 @dataclass
@@ -44,25 +51,29 @@ class Reservation:
         shape: Generation and topology of each slice.
         slice_names: The reserved slices, e.g. ``["tpu-v6e-4x4-1"]``.
         handle: Ray's ``SlicePlacementGroup``; its placement group has one bundle per host,
-            ``shape.chips_per_host`` TPU each.
+            ``shape.chips_per_host`` TPU each. ``None`` for a reservation adopted from another
+            driver (:func:`adopt`), which holds only the placement group (``adopted_group``).
         head_locks: One placement group per slice on ``TPU-<pod type>-head``.
         detached: Whether it outlives the kernel that made it.
         created_at: Seconds since the epoch.
+        adopted_group: The placement group of an adopted reservation (``handle`` is ``None``).
     """
 
     name: str
     shape: SliceShape
     slice_names: list[str]
-    handle: SlicePlacementGroup
+    handle: SlicePlacementGroup | None
     head_locks: list[PlacementGroup] = field(default_factory=list)
     detached: bool = False
     created_at: float = field(default_factory=time.time)
+    adopted_group: PlacementGroup | None = None
 
     @property
     def placement_group(self) -> PlacementGroup:
         """The placement group holding every host (bundle i on one host of the slices)."""
-        pg = self.handle.placement_group
-        assert pg is not None
+        pg = self.handle.placement_group if self.handle is not None else self.adopted_group
+        if pg is None:
+            raise RuntimeError(f"reservation {self.name!r} was released")
         return pg
 
     @property
@@ -77,7 +88,11 @@ class Reservation:
 
     def release(self) -> None:
         """Remove the placement groups (chips first, then head locks). Idempotent."""
-        self.handle.shutdown()
+        if self.handle is not None:
+            self.handle.shutdown()
+        if self.adopted_group is not None:
+            _remove_quietly(self.adopted_group)
+            self.adopted_group = None
         for pg in self.head_locks:
             _remove_quietly(pg)
         self.head_locks = []
@@ -123,7 +138,9 @@ def reserve(
     if len(intact) < num_slices:
         raise diagnose(snap, shape, num_slices, timeout_s=0.0, impossible=True)
     while True:
-        chosen = [s.name for s in snap.idle_slices(shape.pod_type)][:num_slices]
+        idle = [s.name for s in snap.idle_slices(shape.pod_type)]
+        # A random pick: drivers racing from the same snapshot rarely all go for one slice.
+        chosen = random.sample(idle, num_slices) if len(idle) >= num_slices else []
         if len(chosen) == num_slices:
             made = _try_reserve(shape, chosen, name, lifetime, deadline, start, on_wait)
             if made is not None:
@@ -132,8 +149,45 @@ def reserve(
         if time.monotonic() >= deadline:
             raise diagnose(snapshot(), shape, num_slices, timeout_s=timeout_s)
         _tick(on_wait, start)
-        time.sleep(0.5)
+        time.sleep(random.uniform(0.1, 0.4))
         snap = snapshot()
+
+
+def reserve_slices(shape: SliceShape, slice_names: list[str], *, name: str, timeout_s: float,
+                   detached: bool = False) -> Reservation | None:
+    """Reserve exactly ``slice_names`` (head locks, then the pinned slice placement group).
+
+    Used to take back a reservation's own slices (e.g. after a training run used them).
+
+    Returns:
+        The reservation, or ``None`` (with nothing left behind) if they were not all free within
+        ``timeout_s`` seconds.
+    """
+    start = time.monotonic()
+    while True:
+        made = _try_reserve(shape, list(slice_names), name, "detached" if detached else None,
+                            start + timeout_s, start, None)
+        if made is not None:
+            break
+        if time.monotonic() >= start + timeout_s:
+            return None
+        time.sleep(0.2)
+    return Reservation(name=name, shape=shape, slice_names=list(slice_names), handle=made[0],
+                       head_locks=made[1], detached=detached)
+
+
+def adopt(info: ReservationInfo, shape: SliceShape) -> Reservation:
+    """Take over a reservation another driver made (e.g. a detached one from another kernel).
+
+    The placement groups are addressed by id (``ray.util.placement_group.PlacementGroup``), so
+    the Ray namespace the other driver used does not matter. Releasing the result removes them.
+    """
+    def group(pg_id: str) -> PlacementGroup:
+        return PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id)))
+
+    return Reservation(name=info.name, shape=shape, slice_names=list(info.slice_names), handle=None,
+                       head_locks=[group(i) for i in info.head_locks.values()],
+                       detached=bool(info.detached), adopted_group=group(info.placement_group_id))
 
 
 def _try_reserve(shape: SliceShape, slices: list[str], name: str, lifetime: str | None,
@@ -148,15 +202,18 @@ def _try_reserve(shape: SliceShape, slices: list[str], name: str, lifetime: str 
             locks.append(placement_group(
                 bundles=[{shape.head_resource: 1}],
                 bundle_label_selector=[{LABEL_SLICE: s, LABEL_WORKER: "0"}],
-                name=f"{RESERVATION_PREFIX}{name}{_HEAD_SUFFIX}:{s}", lifetime=lifetime))
-        if not _wait_ready(locks, deadline, start, on_wait):
+                name=head_lock_name(name, s), lifetime=lifetime))
+        # A head lock not placed at once means another driver locked that head after our
+        # snapshot: give up on this pick soon and choose again, rather than wait out the timeout.
+        if not _wait_ready(locks, min(deadline, time.monotonic() + _HEAD_ATTEMPT_S), start, on_wait):
             return None
         handle = slice_placement_group(
             shape.topology, shape.version, num_slices=len(slices),
             bundle_label_selector=[{LABEL_SLICE: s} for s in slices for _ in range(shape.num_hosts)],
-            name=f"{RESERVATION_PREFIX}{name}", lifetime=lifetime)
+            name=reservation_group_name(name), lifetime=lifetime)
         pg = handle.placement_group
-        made = pg is not None and _wait_ready([pg], deadline, start, on_wait)
+        made = pg is not None and _wait_ready(
+            [pg], min(deadline, time.monotonic() + _CHIPS_ATTEMPT_S), start, on_wait)
         return (handle, locks) if made else None
     finally:
         # Anything not returned above is half made: remove it before retrying or raising.

@@ -30,7 +30,7 @@ import ray
 
 from raytpu_lab import _ray_private
 
-__all__ = ["fetch_raw_state"]
+__all__ = ["fetch_raw_state", "fetch_placement_group_lifetimes"]
 
 
 def fetch_raw_state() -> dict[str, Any]:
@@ -79,3 +79,27 @@ def fetch_raw_state() -> dict[str, Any]:
 def _is_node(node_id: str | None) -> bool:
     # Ray reports an unplaced bundle with an all-zero node id.
     return node_id is not None and node_id.strip("0") != ""
+
+
+def fetch_placement_group_lifetimes() -> dict[str, dict[str, Any]]:
+    """``{placement group id: {"is_detached": bool, "creator_job_id": str}}`` for live groups.
+
+    Ray's placement-group table has no lifetime; its state API (``ray.util.state
+    .list_placement_groups(detail=True)``, served by the dashboard) has. Slower than
+    :func:`fetch_raw_state` (an HTTP round trip, ~50-200 ms), so it is read only when listing
+    reservations, never on every refresh.
+
+    Raises:
+        ray.util.state.exception.RayStateApiException: The dashboard did not answer.
+    """
+    from ray.util.state import list_placement_groups
+
+    # An explicit address: another local cluster may run on this machine at the same time.
+    address = ray.get_runtime_context().gcs_address
+    return {
+        pg.placement_group_id: {"is_detached": bool(pg.is_detached),
+                                "creator_job_id": str(pg.creator_job_id or "")}
+        for pg in list_placement_groups(address=address, detail=True, limit=10_000,
+                                        raise_on_missing_output=False)
+        if pg.state != "REMOVED"
+    }

@@ -80,6 +80,9 @@ class RunHandle:
     Attributes:
         name: Run name.
         result: The run's :class:`RunResult`, filled while it runs; final once :attr:`done`.
+        failure: An error found around the run rather than in it (e.g. it did not land on the
+            reservation it was lent, see :mod:`raytpu_lab.train.on_reservation`); set before
+            :attr:`done`, raised by :meth:`wait`.
     """
 
     def __init__(self, name: str, result: RunResult, fit: Callable[[], Any], events: Queue,
@@ -109,6 +112,7 @@ class RunHandle:
         self._stop_lock = threading.Lock()
         self._start = time.monotonic()
         self.listener_error: str | None = None
+        self.failure: Exception | None = None
         self._fit_thread = threading.Thread(target=self._run_fit, name=f"raytpu-fit-{name}",
                                             daemon=True)
         self._drain_thread = threading.Thread(target=self._drain_loop,
@@ -227,6 +231,8 @@ class RunHandle:
 
     def _outcome(self) -> RunResult:
         r = self.result
+        if self.failure is not None and r.error is None:
+            raise self.failure
         if r.error is not None:
             raise TrainingError(
                 f"Training run {self.name!r} failed on its workers.", why=r.error,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
+import ray
 
 from raytpu_lab.cluster import emulator
 from raytpu_lab.errors import NoSliceAvailableError
@@ -40,3 +42,39 @@ def test_a_slice_that_loses_a_host_is_degraded_on_the_map_and_not_handed_out(
     lab.release(held.name)
     assert not live_placement_groups()
     live_map.close()
+
+
+def test_trap_c_bare_slice_placement_group_wins_a_degraded_head_ours_refuses(
+        lab: Lab, cluster: emulator.EmulatedCluster) -> None:
+    """Ray 2.60 trap (c): a slice missing a host still has its head won by bare
+    ``slice_placement_group``, whose worker group then never becomes ready."""
+    from ray.util.tpu import slice_placement_group
+
+    broken = "tpu-v4-2x2x2-0"
+    victim = next(h for h in cluster.hosts if h.slice_name == broken and h.worker_id == 1)
+    if lab.snapshot().slice(broken).health == "intact":  # run alone (-k): break the slice here
+        os.killpg(victim.pid, signal.SIGKILL)
+    assert wait_until(lambda: lab.snapshot().slice(broken).health == "degraded", timeout_s=60)
+    # Hold the two intact v4 slices, so the degraded one is the only slice whose head is free.
+    intact = lab.reserve("2x2x2", "v4", slices=2, name="intact-c", timeout_s=30)
+    assert broken not in intact.slice_names
+    try:
+        bare = slice_placement_group("2x2x2", "v4", head_reservation_timeout_s=10)
+        try:
+            (head,) = bare.head_placement_groups
+            head_node = ray.util.placement_group_table(head)["bundles_to_node_id"][0]
+            assert head_node == lab.snapshot().slice(broken).hosts[0].node_id  # won the broken head
+            ready, _ = ray.wait([bare.placement_group.ready()], timeout=3)
+            assert not ready, "the worker group of a slice missing a host became ready"
+        finally:
+            bare.shutdown()
+
+        start = time.monotonic()
+        with pytest.raises(NoSliceAvailableError) as info:
+            lab.reserve("2x2x2", "v4", name="c", timeout_s=2)
+        assert time.monotonic() - start < 10
+        assert info.value.reasons[broken].startswith("degraded: worker 1")
+        assert "held by intact-c" in info.value.reasons.values()
+    finally:
+        lab.release("intact-c")
+    assert wait_until(lambda: not live_placement_groups())

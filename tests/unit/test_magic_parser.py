@@ -7,7 +7,8 @@ from IPython.core.error import UsageError
 
 from raytpu_lab.magics import _HelpShown, build_parser
 
-COMMANDS = ["up", "down", "connect", "status", "map", "reserve", "release", "reservations", "jax"]
+COMMANDS = ["up", "down", "connect", "status", "map", "reserve", "release", "reservations", "jax",
+            "run", "attach"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -25,7 +26,7 @@ def test_reserve_arguments() -> None:
 
 
 @pytest.mark.parametrize("argv", [["bogus"], ["reserve", "4x4"], ["up", "--slices", "two"],
-                                  ["jax", "--topology", "4x4"]])
+                                  ["jax", "--slices", "two"], ["run"], ["attach"]])
 def test_bad_arguments_raise_usage_error(argv: list[str]) -> None:
     with pytest.raises(UsageError):
         build_parser().parse_args(argv)
@@ -49,3 +50,12 @@ def test_jax_cells_become_awaited_so_the_kernel_keeps_serving_widgets() -> None:
         assert not ip.transform_cell(cell).startswith("await")
     finally:
         ip.autoawait = True
+
+
+def test_reservation_arguments() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["run", "--on", "r1"]).on == "r1"
+    assert parser.parse_args(["attach", "r1"]).name == "r1"
+    assert parser.parse_args(["reservations", "--all"]).all
+    args = parser.parse_args(["jax", "--reservation", "r1"])
+    assert (args.reservation, args.topology, args.version) == ("r1", None, None)

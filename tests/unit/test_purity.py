@@ -18,6 +18,7 @@ PURE_MODULES = [
     "raytpu_lab.tpu.topology",
     "raytpu_lab.state",
     "raytpu_lab.state.model",
+    "raytpu_lab.state.reservations",
     "raytpu_lab.widgets.svg",
 ]
 
