@@ -26,7 +26,9 @@ NS = "ml"
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = start_ipython()
+    from IPython import get_ipython
+
+    shell = start_ipython() or get_ipython()  # None when another test started it already
     shell.run_line_magic("load_ext", "raytpu_lab")
     return shell
 

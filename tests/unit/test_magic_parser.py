@@ -33,9 +33,10 @@ def test_bad_arguments_raise_usage_error(argv: list[str]) -> None:
 
 
 def test_jax_cells_become_awaited_so_the_kernel_keeps_serving_widgets() -> None:
+    from IPython import get_ipython
     from IPython.testing.globalipapp import start_ipython
 
-    ip = start_ipython()
+    ip = start_ipython() or get_ipython()  # None when another test started it already
     ip.run_line_magic("load_ext", "raytpu_lab")
     cell = "%%raytpu jax --topology 4x4 --version v6e --name 'a b'\ndef f(config):\n    pass\n"
     code = ip.transform_cell(cell)
