@@ -107,16 +107,40 @@ def build_parser() -> argparse.ArgumentParser:
     jax.add_argument("--config", help="Python expression for train_loop_config, e.g. \"{'steps': 100}\"")
     jax.add_argument("--out", default="last_run", help="variable for the result (default last_run)")
     jax.add_argument("--storage", help="Ray Train storage path")
+
+    torch = sub.add_parser(
+        "torch", help="(cell magic) run the cell's training function with TorchTrainer (PyTorch/XLA)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The cell defines the per-worker training function, f(config), as for jax.\n"
+                    "Ray Train's TorchTrainer runs it with one worker per TPU chip on --slices\n"
+                    "whole slices (ScalingConfig(use_tpu=True, topology, accelerator_type,\n"
+                    "resources_per_worker={'TPU': 1})). The function takes its XLA device and\n"
+                    "averages gradients with raytpu_lab.train.torch_xla_utils (device(),\n"
+                    "optimizer_step(opt, model)). Process group: torch_xla's xla on TPUs (or\n"
+                    "--backend); on the emulator gloo with PJRT on CPU, whatever --backend says.\n"
+                    "Needs pip install 'raytpu_lab[torch]'.")
+    torch.add_argument("--topology", required=True, help="slice topology, e.g. 2x2x2")
+    torch.add_argument("--version", required=True, help="accelerator version, e.g. v5p")
+    torch.add_argument("--slices", type=int, default=1, help="slices (default 1)")
+    torch.add_argument("--name", help="run name")
+    torch.add_argument("--backend", choices=["xla", "tpu_dist", "gloo"],
+                       help="process group on TPUs (default xla; the emulator runs gloo)")
+    torch.add_argument("--chips-per-worker", type=int, default=1,
+                       help="TPU chips per worker (default 1: one worker per chip)")
+    torch.add_argument("--fn", help="function to run if the cell defines several")
+    torch.add_argument("--config", help="Python expression for train_loop_config, e.g. \"{'steps': 100}\"")
+    torch.add_argument("--out", default="last_run", help="variable for the result (default last_run)")
+    torch.add_argument("--storage", help="Ray Train storage path")
     return parser
 
 
 @magics_class
 class RaytpuMagics(Magics):
-    """``%raytpu COMMAND ...`` and ``%%raytpu jax ...``; ``%raytpu --help`` lists the commands."""
+    """``%raytpu COMMAND ...``, ``%%raytpu jax ...`` and ``%%raytpu torch ...``; ``%raytpu --help`` lists the commands."""
 
     @line_cell_magic
     def raytpu(self, line: str, cell: str | None = None) -> Any:
-        """Ray on Cloud TPUs: up, down, connect, status, reserve, release, reservations, jax."""
+        """Ray on Cloud TPUs: up, down, connect, status, reserve, release, reservations, jax, torch."""
         parser = build_parser()
         try:
             args = parser.parse_args(shlex.split(line))
@@ -238,6 +262,33 @@ class RaytpuMagics(Magics):
         print(f"Run {s['name']!r} finished on {', '.join(s['slices']) or '?'}: {s['steps']} steps in "
               f"{s['wall_s']} s ({s['steps_per_s']} steps/s); final {s['final_metrics']}. "
               f"Result in `{args.out}`.")
+        return None
+
+    def _do_torch(self, args: argparse.Namespace, cell: str | None) -> Any:
+        if cell is None:
+            raise UsageError("%%raytpu torch is a cell magic: put the training function in the cell.")
+        fn = self._training_function(cell, args.fn)
+        config = self._config(args.config)
+        chart = RunChart(args.name or fn.__name__)
+        handles: list[Any] = []
+        try:
+            run = get_lab().train_torch(
+                fn, args.topology, args.version, slices=args.slices, name=args.name, config=config,
+                backend=args.backend, chips_per_worker=args.chips_per_worker,
+                storage_path=args.storage,
+                on_records=lambda rows: chart.add([r for r in rows if "raytpu" not in r]),
+                on_launch=lambda: handles.append(display(chart.figure, display_id=True)))
+        finally:
+            if handles and handles[0] is not None and chart.has_data:
+                handles[0].update(HTML(chart.static_html()))
+        self._shell.user_ns[args.out] = run
+        s = run.summary()
+        storm = f"; recompilation storm on rank(s) {s['recompilation_storm']}" \
+            if s["recompilation_storm"] else ""
+        print(f"Run {s['name']!r} finished on {', '.join(s['slices']) or '?'} ({s['workers']} workers, "
+              f"{s['backend']}, PJRT {s['pjrt_device']}): {s['steps']} steps in {s['wall_s']} s "
+              f"({s['steps_per_s']} steps/s); {s['xla_compiles']} XLA compiles{storm}; "
+              f"final {s['final_metrics']}. Result in `{args.out}`.")
         return None
 
     def _config(self, text: str | None) -> Any:

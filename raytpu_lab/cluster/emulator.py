@@ -31,7 +31,9 @@ import psutil
 
 from raytpu_lab import _ray_private
 from raytpu_lab.cluster.gke_env import (
+    EMULATED_LABEL,
     emulated_jax_environment,
+    emulated_torch_xla_environment,
     group_name,
     head_environment,
     slice_name,
@@ -249,11 +251,13 @@ def up(
                         shape, cluster=name, replica=replica, worker_id=worker_id,
                         head_host="127.0.0.1", gcs_port=gcs_port))
                     env.update(emulated_jax_environment(shape))
+                    env.update(emulated_torch_xla_environment())
                     label = f"{slice_name(group_name(shape), replica)}-w{worker_id}"
                     to_start.append((label, env, [
                         f"--address={address}", "--node-ip-address=127.0.0.1",
                         f"--num-cpus={_HOST_NUM_CPUS}",
                         f"--resources={json.dumps({'TPU': shape.chips_per_host})}",
+                        f"--labels={EMULATED_LABEL}=true",
                         # Its own temp dir: Ray names a node's sockets by probing for free file
                         # names, which races when nodes sharing a session dir start together.
                         f"--temp-dir={folder / f'h{len(to_start)}'}",
