@@ -88,7 +88,7 @@ def test_torch_cell_runs_one_worker_per_chip_in_sync(ip, lab: Lab) -> None:
     digests = {r["rank"]: r["digest"] for r in run.records if "digest" in r}
     assert sorted(digests) == list(range(8)) and len(set(digests.values())) == 1
     loss = run.metric("loss")
-    assert run.steps == 6 and loss[-1] < loss[0] * 0.8, loss
+    assert run.steps == 6 and all(b < a for a, b in zip(loss, loss[1:], strict=False)), loss  # full-batch GD
     # Profile: torch_xla metrics from every rank, compiles settled after warm-up.
     metrics = run.xla_metrics
     assert sorted(metrics) == list(range(8))
@@ -102,8 +102,11 @@ def test_torch_cell_runs_one_worker_per_chip_in_sync(ip, lab: Lab) -> None:
 
 
 def test_stop_from_another_thread_frees_the_slice_within_10_s(lab: Lab) -> None:
-    """Interrupting the run (what Ctrl-C / a Stop button does: SIGINT to the kernel, from another
-    thread) makes Ray Train abort it; the slice is free again within 10 s."""
+    """Interrupting the run (what Ctrl-C does: SIGINT to the kernel, here from another thread)
+    makes Ray Train's own SIGINT handler abort it; the slice is free again within 10 s.
+
+    Ray 2.60 then ends ``fit()`` with ``SystemExit`` (raised from its ``ray.get``) rather than
+    returning or raising ``KeyboardInterrupt``; IPython shows that and keeps the kernel."""
     ns: dict = {}
     exec(TRAIN_CELL, ns)
     started = threading.Event()
@@ -124,7 +127,7 @@ def test_stop_from_another_thread_frees_the_slice_within_10_s(lab: Lab) -> None:
         run = lab.train_torch(ns["train_loop_per_worker"], "2x2x2", "v5p", name="stopme",
                               config={"steps": 500}, on_records=on_records)
         assert run.steps < 500
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):
         pass
     thread.join(5)
     assert stopped_at, "the run never reached step 1"
