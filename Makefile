@@ -3,13 +3,16 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The [torch] extra (torch + torch_xla, ~7 GB) only for `make test`; `make demo` does not need it.
+TORCH_STAMP := $(VENV)/.installed-torch
 
-.PHONY: help install browser-deps demo test lint clean distclean
+.PHONY: help install install-torch browser-deps demo test lint clean distclean
 
 help:
 	@echo "make demo          run notebooks/01_quickstart.ipynb on the emulated TPU cluster (build/quickstart.html)"
 	@echo "make test          unit, integration, notebook and browser tests"
 	@echo "make install       create $(VENV) and pip install -e '.[dev]' (redone when pyproject.toml changes)"
+	@echo "make install-torch also the [torch] extra (torch + torch_xla, ~7 GB); make test does it"
 	@echo "make browser-deps  Debian chromium for the browser tests (apt-get, as root)"
 	@echo "make lint          ruff + mypy on raytpu_lab"
 	@echo "make clean         remove build/, caches and emulated clusters; distclean also removes $(VENV)"
@@ -20,6 +23,12 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+install-torch: $(TORCH_STAMP)
+
+$(TORCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,torch]'
 	@touch $@
 
 # The browser tests drive Debian's chromium (/usr/bin/chromium) with Playwright;
@@ -38,7 +47,7 @@ browser-deps:
 demo: $(STAMP)
 	$(PY) -m raytpu_lab.demo
 
-test: $(STAMP) browser-deps
+test: $(STAMP) $(TORCH_STAMP) browser-deps
 	@start=$$(date +%s); \
 	$(PY) -m pytest tests/unit tests/notebooks tests/browser tests/integration -q -p no:cacheprovider --timeout=900 -W ignore::DeprecationWarning; rc=$$?; \
 	echo "make test: wall $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc

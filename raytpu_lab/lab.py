@@ -37,6 +37,7 @@ from raytpu_lab.state.reservations import ReservationInfo, list_reservations
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
 from raytpu_lab.train.launch import RunHandle, RunListener, RunResult, RunUpdate, start_jax
 from raytpu_lab.train.on_reservation import SliceLoan
+from raytpu_lab.train.torch_run import TorchRunResult, check_torch_run, is_emulated, start_torch
 from raytpu_lab.train.worker_tap import accepts_config
 from raytpu_lab.widgets.status import StatusView
 from raytpu_lab.widgets.topology_map import TopologyMap
@@ -689,6 +690,85 @@ class Lab:
         if self.kuberay is not None:
             self.kuberay.close()
             self.kuberay = None
+
+    def train_torch(self, train_fn: Callable[..., Any], topology: str, version: str, *,
+                    slices: int = 1, name: str | None = None,
+                    config: dict[str, Any] | None = None, backend: str | None = None,
+                    chips_per_worker: int = 1, storage_path: str | None = None,
+                    wait_s: float = 60.0, on_launch: Callable[[], None] | None = None,
+                    on_records: Callable[[list[dict[str, Any]]], None] | None = None,
+                    ) -> TorchRunResult:
+        """Train with Ray Train's ``TorchTrainer`` on every chip of ``slices`` slices (PyTorch/XLA);
+        block until the run ends. :meth:`start_torch` without waiting; Ctrl-C stops the run.
+
+        One worker per chip (``use_tpu=True``, ``resources_per_worker={"TPU": 1}``); the process
+        group and PJRT device follow the cluster: torch_xla ``xla`` on TPUs, gloo with PJRT on CPU
+        on the emulator (see :mod:`raytpu_lab.train.torch_run`). The function gets its device and
+        keeps gradients in sync with :mod:`raytpu_lab.train.torch_xla_utils`.
+
+        Args:
+            train_fn: Per-worker function ``f(config)``; calls ``ray.train.report``.
+            topology: e.g. ``"2x2x2"``.
+            version: e.g. ``"v5p"``.
+            slices: Slices (multi-slice when > 1).
+            name: Run name; ``torch-<time>`` if omitted.
+            config: Passed to ``train_fn``.
+            backend: ``"xla"`` (default on TPUs), ``"tpu_dist"`` or ``"gloo"``.
+            chips_per_worker: TPU chips per worker (1: one worker per chip).
+            storage_path: Ray Train storage for checkpoints and results.
+            wait_s: Seconds to wait for enough idle slices before launching.
+            on_launch: Called once checks pass, just before the run starts.
+            on_records: Live callback with each batch of reported records.
+
+        Raises:
+            InvalidTopologyError: Bad topology (before Ray is asked).
+            TrainingConfigError: torch/torch_xla missing or mismatched, a bad backend, chips per
+                worker not dividing a host's chips, or a bad function signature (nothing taken).
+            NotConnectedError: No cluster connected.
+            NoSliceAvailableError: Not enough intact idle slices within ``wait_s``.
+            TrainingError: The workers raised (the slices are freed).
+            KeyboardInterrupt: Interrupted; the run was stopped and its slices freed first.
+        """
+        result = self.start_torch(train_fn, topology, version, slices=slices, name=name,
+                                  config=config, backend=backend,
+                                  chips_per_worker=chips_per_worker, storage_path=storage_path,
+                                  wait_s=wait_s, on_launch=on_launch, on_records=on_records).wait()
+        assert isinstance(result, TorchRunResult)
+        return result
+
+    def start_torch(self, train_fn: Callable[..., Any], topology: str, version: str, *,
+                    slices: int = 1, name: str | None = None,
+                    config: dict[str, Any] | None = None, backend: str | None = None,
+                    chips_per_worker: int = 1, storage_path: str | None = None,
+                    wait_s: float = 60.0, on_launch: Callable[[], None] | None = None,
+                    on_records: Callable[[list[dict[str, Any]]], None] | None = None,
+                    listener: RunListener | None = None, mute_driver_logs: bool = False,
+                    ) -> RunHandle:
+        """Start a ``TorchTrainer`` run (as :meth:`train_torch`) and return its handle at once
+        (see :meth:`start_jax`; ``handle.result`` is a ``TorchRunResult``).
+
+        Raises:
+            The errors of :meth:`train_torch` raised before launch; worker errors come from
+            ``handle.wait()``.
+        """
+        shape = SliceShape.of(version, topology)
+        _require_positive("slices", slices)
+        if config is not None and not isinstance(config, dict):
+            raise TrainingConfigError(
+                f"The training config is a {type(config).__name__}, not a dict.",
+                why="Ray Train passes train_loop_config to the function as a dict.",
+                fix="Pass a dict, e.g. --config \"{'steps': 100}\".")
+        check_torch_run(train_fn, shape, slices, chips_per_worker, backend)
+        self._require_connection("launch a TorchTrainer run")
+        emulated = is_emulated(self.snapshot(), shape)
+        run_name = name or f"torch-{time.strftime('%H%M%S')}"
+        return self._start_run(
+            lambda **kw: start_torch(train_fn, shape, name=run_name, num_slices=slices,
+                                     config=config, backend=backend,
+                                     chips_per_worker=chips_per_worker, emulated=emulated,
+                                     storage_path=storage_path, **kw),
+            shape, slices, run_name, wait_s=wait_s, on_launch=on_launch, on_records=on_records,
+            listener=listener, mute_driver_logs=mute_driver_logs)
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -159,6 +159,33 @@ def build_parser() -> argparse.ArgumentParser:
                      help="return at once; other cells run while the dashboard streams")
     jax.add_argument("--reservation", metavar="NAME",
                      help="run on exactly this reservation's slices, or fail (it gets them back after)")
+
+    torch = sub.add_parser(
+        "torch", help="(cell magic) run the cell's training function with TorchTrainer (PyTorch/XLA)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The cell defines the per-worker training function, f(config), as for jax.\n"
+                    "Ray Train's TorchTrainer runs it with one worker per TPU chip on --slices\n"
+                    "whole slices (ScalingConfig(use_tpu=True, topology, accelerator_type,\n"
+                    "resources_per_worker={'TPU': 1})). The function takes its XLA device and\n"
+                    "averages gradients with raytpu_lab.train.torch_xla_utils (device(),\n"
+                    "optimizer_step(opt, model)). Process group: torch_xla's xla on TPUs (or\n"
+                    "--backend); on the emulator gloo with PJRT on CPU, whatever --backend says.\n"
+                    "The same live dashboard as jax (metrics, placement: one rank per chip, logs,\n"
+                    "Stop). Needs pip install 'raytpu_lab[torch]'.")
+    torch.add_argument("--topology", required=True, help="slice topology, e.g. 2x2x2")
+    torch.add_argument("--version", required=True, help="accelerator version, e.g. v5p")
+    torch.add_argument("--slices", type=int, default=1, help="slices (default 1)")
+    torch.add_argument("--name", help="run name")
+    torch.add_argument("--backend", choices=["xla", "tpu_dist", "gloo"],
+                       help="process group on TPUs (default xla; the emulator runs gloo)")
+    torch.add_argument("--chips-per-worker", type=int, default=1,
+                       help="TPU chips per worker (default 1: one worker per chip)")
+    torch.add_argument("--fn", help="function to run if the cell defines several")
+    torch.add_argument("--config", help="Python expression for train_loop_config, e.g. \"{'steps': 100}\"")
+    torch.add_argument("--out", default="last_run", help="variable for the result (default last_run)")
+    torch.add_argument("--storage", help="Ray Train storage path")
+    torch.add_argument("--background", action="store_true",
+                       help="return at once; other cells run while the dashboard streams")
     return parser
 
 
@@ -170,7 +197,7 @@ def _kube_options(parser: argparse.ArgumentParser) -> None:
 
 @magics_class
 class RaytpuMagics(Magics):
-    """``%raytpu COMMAND ...`` and ``%%raytpu jax ...``; ``%raytpu --help`` lists the commands."""
+    """``%raytpu COMMAND ...``, ``%%raytpu jax ...`` and ``%%raytpu torch ...``; ``%raytpu --help`` lists the commands."""
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell, **kwargs)
@@ -180,8 +207,8 @@ class RaytpuMagics(Magics):
 
     @line_cell_magic
     def raytpu(self, line: str, cell: str | None = None) -> Any:
-        """Ray on Cloud TPUs: up, down, connect, status, reserve, release, reservations, jax,
-        apply, scale, delete."""
+        """Ray on Cloud TPUs: up, down, connect, status, reserve, release, reservations, attach,
+        run, jax, torch, apply, scale, delete."""
         parser = build_parser()
         try:
             args = parser.parse_args(shlex.split(line))
@@ -405,9 +432,15 @@ class RaytpuMagics(Magics):
         self._shell.user_ns[args.out] = run
         s = run.summary()
         state = "was stopped" if s["stopped"] else "finished"
-        print(f"Run {s['name']!r} {state} on {', '.join(s['slices']) or '?'}: {s['steps']} steps "
-              f"in {s['wall_s']} s ({s['steps_per_s']} steps/s); final {s['final_metrics']}. "
-              f"Result in `{args.out}`.")
+        xla = ""
+        if "backend" in s:  # a PyTorch/XLA run (TorchRunResult)
+            storm = (f"; recompilation storm on rank(s) {s['recompilation_storm']}"
+                     if s["recompilation_storm"] else "")
+            xla = (f" {s['workers']} workers, {s['backend']}, PJRT {s['pjrt_device']}, "
+                   f"{s['xla_compiles']} XLA compiles{storm};")
+        print(f"Run {s['name']!r} {state} on {', '.join(s['slices']) or '?'}:{xla} {s['steps']} "
+              f"steps in {s['wall_s']} s ({s['steps_per_s']} steps/s); final "
+              f"{s['final_metrics']}. Result in `{args.out}`.")
 
     def _jax_shape_from_reservation(self, args: argparse.Namespace) -> None:
         """``--reservation NAME`` fills ``--topology/--version/--slices`` from the reservation."""
@@ -421,6 +454,17 @@ class RaytpuMagics(Magics):
         if not args.topology or not args.version:
             raise UsageError("raytpu jax: --topology and --version are required (or --reservation "
                              "NAME of this session's reservations)")
+
+    def _do_torch(self, args: argparse.Namespace, cell: str | None) -> Any:
+        if cell is None:
+            raise UsageError("%%raytpu torch is a cell magic: put the training function in the cell.")
+        fn = self._training_function(cell, args.fn)
+        config = self._config(args.config)
+        lab = get_lab()
+        return self._watch_run(args, args.name or fn.__name__, lambda **kw: lab.start_torch(
+            fn, args.topology, args.version, slices=args.slices, name=args.name, config=config,
+            backend=args.backend, chips_per_worker=args.chips_per_worker,
+            storage_path=args.storage, mute_driver_logs=True, **kw))
 
     def _config(self, text: str | None) -> Any:
         """``--config``: a Python expression evaluated in the user namespace (the user's own code)."""
@@ -527,7 +571,7 @@ class WatchedRun:
 
 
 def _await_run_cells(lines: list[str]) -> list[str]:
-    """IPython input transformer: a ``%%raytpu jax`` cell becomes ``await <the magic>``.
+    """IPython input transformer: a ``%%raytpu jax`` (or ``torch``) cell becomes ``await <the magic>``.
 
     An awaited cell leaves the kernel's event loop free while the run streams, and ipykernel
     (>= 7.4) dispatches widget (comm) messages during a running async cell, so the Stop button
@@ -546,7 +590,7 @@ def _await_run_cells(lines: list[str]) -> list[str]:
     except ValueError:
         return lines
     command = next((w for w in words if not w.startswith("-")), None)
-    if command != "jax" or "--background" in words or "-h" in words or "--help" in words:
+    if command not in ("jax", "torch") or "--background" in words or "-h" in words or "--help" in words:
         return lines
     body = "".join(lines[1:])
     return [f"await get_ipython().run_cell_magic('raytpu', {('--await ' + line)!r}, {body!r})\n"]

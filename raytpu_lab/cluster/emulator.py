@@ -31,8 +31,10 @@ import psutil
 
 from raytpu_lab import _ray_private
 from raytpu_lab.cluster.gke_env import (
+    EMULATED_LABEL,
     container_environment,
     emulated_jax_environment,
+    emulated_torch_xla_environment,
     group_name,
     head_environment,
     pod_name,
@@ -304,13 +306,17 @@ def up(
                         head_host="127.0.0.1", gcs_port=gcs_port, namespace=namespace,
                         group=group.name))
                     env.update(emulated_jax_environment(shape))
+                    env.update(emulated_torch_xla_environment())
                     label = f"{slice_name(group.name, replica)}-w{worker_id}"
+                    # Our own node label marks an emulated TPU host (e.g. torch runs pick the
+                    # gloo process group there); GKE never sets it.
+                    labels = {**group.labels, EMULATED_LABEL: "true"}
                     to_start.append((label, env, [
                         f"--address={address}", "--node-ip-address=127.0.0.1",
                         f"--num-cpus={group.num_cpus or _HOST_NUM_CPUS}",
                         *([f"--memory={group.memory_bytes}"] if group.memory_bytes else []),
                         f"--resources={json.dumps({**group.resources, 'TPU': shape.chips_per_host})}",
-                        *([f"--labels={json.dumps(dict(group.labels))}"] if group.labels else []),
+                        f"--labels={json.dumps(labels)}",
                         # Its own temp dir: Ray names a node's sockets by probing for free file
                         # names, which races when nodes sharing a session dir start together.
                         f"--temp-dir={folder / f'h{len(to_start)}'}",

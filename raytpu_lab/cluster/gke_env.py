@@ -20,8 +20,14 @@ from raytpu_lab.tpu.topology import SliceShape
 
 __all__ = [
     "group_name", "slice_name", "pod_name", "head_environment", "tpu_host_environment",
-    "emulated_jax_environment", "worker_pod_labels", "container_environment",
+    "emulated_jax_environment", "emulated_torch_xla_environment", "EMULATED_LABEL",
+    "worker_pod_labels", "container_environment",
 ]
+
+EMULATED_LABEL = "raytpu.dev/emulated-tpu"
+"""Ray node label (value ``"true"``) the emulator gives every emulated TPU host, so code on the
+driver can tell an emulated slice from a real one (e.g. to run PyTorch/XLA on CPU with gloo).
+Real GKE hosts never carry it; Ray's own ``ray.io/*`` TPU labels stay Ray's to derive."""
 
 _METRICS_BASE_PORT = 8431  # TPU_RUNTIME_METRICS_PORTS: one port per chip, from 8431 (device plugin)
 
@@ -136,6 +142,15 @@ def emulated_jax_environment(shape: SliceShape) -> dict[str, str]:
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={shape.devices_per_host}",
     }
+
+
+def emulated_torch_xla_environment() -> dict[str, str]:
+    """What makes torch_xla on an emulated host use the CPU: ``PJRT_DEVICE=CPU`` (one PJRT CPU
+    device per process, i.e. per chip-worker).
+
+    Only the emulator adds this; on a real TPU host torch_xla uses the chip (``PJRT_DEVICE=TPU``).
+    """
+    return {"PJRT_DEVICE": "CPU"}
 
 
 def worker_pod_labels(shape: SliceShape, *, cluster: str, group: str, replica: int,

@@ -151,6 +151,7 @@ def start_run(
     poll_interval_s: float = 0.25,
     mute_driver_logs: bool = False,
     log_flush_interval_s: float = 0.25,
+    result: RunResult | None = None,
 ) -> RunHandle:
     """Build a Ray Train trainer with our callbacks, start ``fit()`` in a thread, return its handle.
 
@@ -177,6 +178,8 @@ def start_run(
             the driver, until 10 s after it ends (a dashboard shows them instead; Ray's log files
             keep them).
         log_flush_interval_s: How often each worker ships its new log lines, seconds.
+        result: The (empty) result object to fill, e.g. a subclass with trainer-specific views;
+            a plain :class:`RunResult` if ``None``.
 
     Returns:
         The running run's handle (:meth:`RunHandle.wait`, :meth:`RunHandle.stop`).
@@ -189,7 +192,8 @@ def start_run(
     os.environ.setdefault(_HEALTH_CHECK_ENV, str(REPORT_INTERVAL_S))
     events = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
     logs = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
-    result = RunResult(name=name, shape=shape, num_slices=num_slices)
+    if result is None:
+        result = RunResult(name=name, shape=shape, num_slices=num_slices)
     known_pgs = _placement_group_ids()
     callbacks = [_StreamReports(events), _ray_private.controller_announcer(_Announce(events))]
     try:

@@ -8,7 +8,7 @@ from IPython.core.error import UsageError
 from raytpu_lab.magics import _HelpShown, build_parser
 
 COMMANDS = ["up", "down", "connect", "status", "map", "reserve", "release", "reservations", "jax",
-            "run", "attach"]
+            "run", "attach", "torch"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -26,7 +26,10 @@ def test_reserve_arguments() -> None:
 
 
 @pytest.mark.parametrize("argv", [["bogus"], ["reserve", "4x4"], ["up", "--slices", "two"],
-                                  ["jax", "--slices", "two"], ["run"], ["attach"]])
+                                  ["jax", "--slices", "two"], ["run"], ["attach"],
+                                  ["torch", "--topology", "2x2x2"],
+                                  ["torch", "--topology", "2x2x2", "--version", "v5p",
+                                   "--backend", "nccl"]])
 def test_bad_arguments_raise_usage_error(argv: list[str]) -> None:
     with pytest.raises(UsageError):
         build_parser().parse_args(argv)
@@ -60,3 +63,10 @@ def test_reservation_arguments() -> None:
     assert parser.parse_args(["reservations", "--all"]).all
     args = parser.parse_args(["jax", "--reservation", "r1"])
     assert (args.reservation, args.topology, args.version) == ("r1", None, None)
+
+
+def test_torch_arguments() -> None:
+    args = build_parser().parse_args(["torch", "--topology", "2x2x2", "--version", "v5p",
+                                      "--backend", "tpu_dist", "--chips-per-worker", "2"])
+    assert (args.topology, args.version, args.slices, args.backend, args.chips_per_worker,
+            args.out) == ("2x2x2", "v5p", 1, "tpu_dist", 2, "last_run")

@@ -1,0 +1,220 @@
+"""Device-centric PyTorch/XLA runs: Ray Train's ``TorchTrainer``, one worker per TPU chip.
+
+``TorchTrainer(ScalingConfig(use_tpu=True, topology, accelerator_type, num_workers=chips x
+slices, resources_per_worker={"TPU": 1}))``: Ray reserves the slices with the same
+``SlicePlacementGroup`` as for JAX and puts one worker on each chip (Ray exports the chip as
+``TPU_VISIBLE_CHIPS``). The run goes through :func:`raytpu_lab.train.launch.start_run`, so its
+reports, placement, logs and Stop reach the same run dashboard as a JAX run.
+
+The process group is set explicitly (:class:`~raytpu_lab.train.torch_backend.TorchXlaConfig`),
+from where the run lands, never from the user's cell:
+
+============  ==============================  ====================================
+cluster       asked ``backend``               runs
+============  ==============================  ====================================
+TPUs          ``None`` / ``"xla"``            torch_xla ``xla``, ``PJRT_DEVICE=TPU``
+TPUs          ``"tpu_dist"`` / ``"gloo"``     that backend, ``PJRT_DEVICE=TPU``
+emulator      any                             ``gloo``, ``PJRT_DEVICE=CPU``
+============  ==============================  ====================================
+
+The emulator is recognised by the node label :data:`~raytpu_lab.cluster.gke_env.EMULATED_LABEL`
+that it gives its hosts. Around the user's function each worker reports twice more:
+``{"raytpu": "placement", slice, host, chip, node_id}`` before it and ``{"raytpu":
+"xla_metrics", ...}`` (:mod:`raytpu_lab.train.xla_profile`) after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from raytpu_lab.cluster.gke_env import EMULATED_LABEL
+from raytpu_lab.state.model import ClusterSnapshot
+from raytpu_lab.tpu.topology import SliceShape
+from raytpu_lab.train.result import RunResult
+from raytpu_lab.train.run import RunHandle
+from raytpu_lab.train.torch_checks import (
+    check_backend,
+    check_torch_versions,
+    installed_versions,
+    takes_config,
+    workers_per_run,
+)
+from raytpu_lab.train.xla_profile import METRICS_KIND, CompileTrend, recompilation_storm
+
+__all__ = ["PLACEMENT_KIND", "TorchRunResult", "check_torch_run", "is_emulated", "launch_torch",
+           "resolve_backend", "start_torch"]
+
+PLACEMENT_KIND = "placement"
+
+
+@dataclass(repr=False)
+class TorchRunResult(RunResult):
+    """A :class:`RunResult` of a device-centric run, plus where each rank ran and its XLA metrics.
+
+    Attributes:
+        backend: The process-group backend that ran (``"gloo"`` on the emulator).
+        pjrt_device: ``"TPU"`` or ``"CPU"`` (the emulator).
+        chips_per_worker: TPU chips per worker (1: one worker per chip).
+    """
+
+    backend: str = "xla"
+    pjrt_device: str = "TPU"
+    chips_per_worker: int = 1
+    requested_backend: str | None = field(default=None)
+
+    @property
+    def num_workers(self) -> int:
+        """Ray Train workers: one per ``chips_per_worker`` chips of every slice."""
+        return self.shape.num_chips * self.num_slices // self.chips_per_worker
+
+    def rank0(self) -> list[dict[str, Any]]:
+        """Rank 0's own reports, without the placement and XLA-metrics reports we add."""
+        return [r for r in self.records if r["rank"] == 0 and "raytpu" not in r]
+
+    @property
+    def chip_placement(self) -> dict[int, dict[str, Any]]:
+        """``{rank: {"slice", "host", "chip", "node_id"}}`` as each worker reported it."""
+        return {int(r["rank"]): {k: r[k] for k in ("slice", "host", "chip", "node_id")}
+                for r in self.records if r.get("raytpu") == PLACEMENT_KIND}
+
+    @property
+    def xla_metrics(self) -> dict[int, dict[str, Any]]:
+        """``{rank: torch_xla metrics}`` from each worker's last report."""
+        from raytpu_lab.train.xla_profile import xla_metrics_by_rank
+
+        return xla_metrics_by_rank(self.records)
+
+    def compile_trends(self, warmup_steps: int = 3) -> dict[int, CompileTrend]:
+        """``{rank: compile trend}``; a trend's ``storm`` flags recompilation after warm-up."""
+        return {rank: recompilation_storm(m.get("xla_compiles_per_step", []),
+                                          warmup_steps=warmup_steps)
+                for rank, m in self.xla_metrics.items()}
+
+    def summary(self) -> dict[str, Any]:
+        """:meth:`RunResult.summary` plus backend, PJRT device and the XLA compile picture."""
+        out = super().summary()
+        trends = self.compile_trends()
+        rank0 = self.xla_metrics.get(0, {})
+        out.update({"backend": self.backend, "pjrt_device": self.pjrt_device,
+                    "xla_compiles": rank0.get("xla_compile_count"),
+                    "xla_compile_time_s": rank0.get("xla_compile_time_s"),
+                    "recompilation_storm": sorted(r for r, t in trends.items() if t.storm)})
+        return out
+
+
+def is_emulated(snapshot: ClusterSnapshot, shape: SliceShape) -> bool:
+    """Whether the slices of ``shape`` are emulated (their hosts carry the emulator's label)."""
+    return any(host.labels.get(EMULATED_LABEL) == "true"
+               for s in snapshot.slices_of(shape.pod_type) for host in s.hosts)
+
+
+def resolve_backend(requested: str | None, emulated: bool) -> tuple[str, str]:
+    """``(process-group backend, PJRT_DEVICE)`` for a run; see the table in the module docstring."""
+    check_backend(requested)
+    if emulated:
+        return "gloo", "CPU"
+    return requested or "xla", "TPU"
+
+
+def check_torch_run(train_fn: Callable[..., Any], shape: SliceShape, num_slices: int,
+                    chips_per_worker: int = 1, backend: str | None = None) -> int:
+    """Every check that needs no cluster; returns the number of workers.
+
+    Raises:
+        TrainingConfigError: torch/torch_xla missing or mismatched, a bad backend name, chips per
+            worker that do not divide a host's chips, or a function Ray Train cannot call.
+    """
+    check_torch_versions(*installed_versions())
+    check_backend(backend)
+    takes_config(train_fn)
+    return workers_per_run(shape, num_slices, chips_per_worker)
+
+
+def launch_torch(train_fn: Callable[..., Any], shape: SliceShape, **kwargs: Any) -> TorchRunResult:
+    """:func:`start_torch` and wait: block until the run ends (Ctrl-C stops it).
+
+    Raises:
+        TrainingConfigError: A check of :func:`check_torch_run` failed (nothing was launched).
+        TrainingError: The workers raised; Ray Train freed the slices.
+    """
+    result = start_torch(train_fn, shape, **kwargs).wait()
+    assert isinstance(result, TorchRunResult)
+    return result
+
+
+def start_torch(
+    train_fn: Callable[..., Any],
+    shape: SliceShape,
+    *,
+    name: str,
+    num_slices: int = 1,
+    config: dict[str, Any] | None = None,
+    backend: str | None = None,
+    chips_per_worker: int = 1,
+    emulated: bool = False,
+    storage_path: str | None = None,
+    **kwargs: Any,
+) -> RunHandle:
+    """Start ``train_fn`` with ``TorchTrainer`` on every chip of ``num_slices`` slices; returns
+    the run's handle at once (its ``result`` is a :class:`TorchRunResult`).
+
+    Args:
+        train_fn: The per-worker function, ``train_fn(config)`` or ``train_fn()``; it gets its
+            device from :func:`raytpu_lab.train.torch_xla_utils.device` and calls
+            ``ray.train.report(metrics)`` (every rank equally often).
+        shape: Generation and topology of each slice.
+        name: Run name.
+        num_slices: Slices to train on.
+        config: ``train_loop_config``.
+        backend: ``"xla"`` (default on TPUs), ``"tpu_dist"`` or ``"gloo"``; the emulator always
+            runs ``gloo`` (see :func:`resolve_backend`).
+        chips_per_worker: TPU chips each worker requests (``resources_per_worker={"TPU": n}``).
+        emulated: The slices are emulated (:func:`is_emulated`): PJRT on CPU, gloo.
+        storage_path: Ray Train's storage; Ray's default if ``None``.
+        kwargs: ``snapshot``, ``on_records``, ``on_placement``, ``listener``,
+            ``mute_driver_logs``... as for :func:`~raytpu_lab.train.launch.start_run`.
+
+    Raises:
+        TrainingConfigError: A check of :func:`check_torch_run` failed (nothing was launched).
+    """
+    num_workers = check_torch_run(train_fn, shape, num_slices, chips_per_worker, backend)
+    pg_backend, pjrt_device = resolve_backend(backend, emulated)
+    with_config = takes_config(train_fn)
+    # Ray Train's v2 classes load here, after the checks: they import torch.
+    from ray.train.v2.api.config import RunConfig, ScalingConfig
+    from ray.train.v2.torch.torch_trainer import TorchTrainer
+
+    from raytpu_lab.train.launch import start_run
+    from raytpu_lab.train.torch_backend import TorchXlaConfig
+
+    def entry(loop_config: dict[str, Any]) -> Any:
+        return _run_worker(train_fn, with_config, loop_config)
+
+    def make_trainer(callbacks: list[Any], wrapped: Callable[..., Any]) -> Any:
+        return TorchTrainer(
+            wrapped, train_loop_config=config,
+            torch_config=TorchXlaConfig(backend=pg_backend, pjrt_device=pjrt_device),
+            scaling_config=ScalingConfig(
+                use_tpu=True, topology=shape.topology, accelerator_type=shape.accelerator_type,
+                num_workers=num_workers, resources_per_worker={"TPU": chips_per_worker}),
+            run_config=RunConfig(name=name, storage_path=storage_path, callbacks=callbacks))
+
+    result = TorchRunResult(name=name, shape=shape, num_slices=num_slices, backend=pg_backend,
+                            pjrt_device=pjrt_device, chips_per_worker=chips_per_worker,
+                            requested_backend=backend)
+    return start_run(make_trainer, shape, name=name, num_slices=num_slices, train_fn=entry,
+                     result=result, **kwargs)
+
+
+def _run_worker(fn: Callable[..., Any], with_config: bool, loop_config: dict[str, Any]) -> Any:
+    """Runs in each worker: report placement, run the user's function, report XLA metrics."""
+    import ray.train
+
+    from raytpu_lab.train import torch_xla_utils
+
+    ray.train.report({"raytpu": PLACEMENT_KIND, **torch_xla_utils.placement()})
+    out = fn(loop_config) if with_config else fn()
+    ray.train.report({"raytpu": METRICS_KIND, **torch_xla_utils.xla_metrics()})
+    return out
