@@ -32,6 +32,9 @@ from raytpu_lab.state.fetch import fetch_raw_state
 from raytpu_lab.state.model import ClusterSnapshot, build_snapshot
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
 from raytpu_lab.train.launch import RunResult, launch_jax
+from raytpu_lab.train.profile import parse_profile_window
+from raytpu_lab.train.profile_analysis import ProfileReport
+from raytpu_lab.train.profile_load import load_profile
 from raytpu_lab.widgets.status import StatusView
 from raytpu_lab.widgets.topology_map import TopologyMap
 
@@ -47,12 +50,14 @@ class Lab:
         address: The Ray address this session is connected to, or ``None``.
         cluster: The emulated cluster this session started or found, or ``None``.
         last_run: The most recent training run's result.
+        last_profile: The analysis of the most recent profiled run (``train_jax(profile=...)``).
     """
 
     def __init__(self) -> None:
         self.address: str | None = None
         self.cluster: emulator.EmulatedCluster | None = None
         self.last_run: RunResult | None = None
+        self.last_profile: ProfileReport | None = None
         self._reservations: dict[str, Reservation] = {}
         self._names = itertools.count(1)
         self._jobs: dict[str, str] = {}  # placement group id -> "run <name>", while it runs
@@ -261,7 +266,8 @@ class Lab:
                   slices: int = 1, name: str | None = None, config: dict[str, Any] | None = None,
                   storage_path: str | None = None, wait_s: float = 60.0,
                   on_launch: Callable[[], None] | None = None,
-                  on_records: Callable[[list[dict[str, Any]]], None] | None = None) -> RunResult:
+                  on_records: Callable[[list[dict[str, Any]]], None] | None = None,
+                  profile: str | tuple[int, int] | None = None) -> RunResult:
         """Train with Ray Train's ``JaxTrainer`` on ``slices`` whole slices (one worker per host).
 
         Args:
@@ -275,6 +281,10 @@ class Lab:
             wait_s: Seconds to wait for enough idle slices before launching.
             on_launch: Called once checks pass, just before the run starts (e.g. show a chart).
             on_records: Live callback with each batch of reported records.
+            profile: ``(start, stop)`` or ``"START:STOP"``: trace steps ``start .. stop - 1`` (a
+                step is one ``ray.train.report`` call of a worker) with ``jax.profiler`` on every
+                worker (:mod:`raytpu_lab.train.profile`); the analysis is left in
+                :attr:`last_profile`.
 
         Raises:
             InvalidTopologyError: Bad topology (before Ray is asked).
@@ -284,6 +294,7 @@ class Lab:
         """
         shape = SliceShape.of(version, topology)
         _require_positive("slices", slices)
+        window = parse_profile_window(profile) if profile is not None else None
         if config is not None and not isinstance(config, dict):
             raise TrainingConfigError(
                 f"The training config is a {type(config).__name__}, not a dict.",
@@ -298,14 +309,18 @@ class Lab:
         def placed(slice_names: list[str], pg_ids: list[str]) -> None:
             self._jobs.update({pg: f"run {run_name}" for pg in pg_ids})
             self._highlight(set(slice_names))
+            self._mark_dcn([slice_names] if slices > 1 else [])  # multi-slice: DCN between them
 
         try:
             run = launch_jax(train_fn, shape, name=run_name, num_slices=slices, config=config,
                              storage_path=storage_path, snapshot=self.snapshot,
-                             on_records=on_records, on_placement=placed)
+                             on_records=on_records, on_placement=placed, profile=window)
         finally:
             self._jobs = {pg: label for pg, label in self._jobs.items() if label != f"run {run_name}"}
+            self._mark_dcn([])
         self.last_run = run
+        if window is not None:
+            self.last_profile = load_profile(run.storage_path, (window.start, window.stop))
         return run
 
     # -- helpers ---------------------------------------------------------------------------
@@ -342,6 +357,10 @@ class Lab:
         if self._map is not None and not getattr(self._map, "closed", False):
             self._map.set_highlight(slices)
             self.refresher.refresh_now()
+
+    def _mark_dcn(self, groups: list[list[str]]) -> None:
+        if self._map is not None and not getattr(self._map, "closed", False):
+            self._map.set_dcn(groups)
 
     def _require_connection(self, doing: str) -> None:
         if not self.connected:

@@ -22,6 +22,7 @@ from IPython.display import HTML, display
 from raytpu_lab.cluster.emulator import DEFAULT_NAME
 from raytpu_lab.errors import RaytpuError, TrainingConfigError
 from raytpu_lab.lab import get_lab
+from raytpu_lab.widgets.profile_view import ProfileView
 from raytpu_lab.widgets.run_chart import RunChart
 
 __all__ = ["RaytpuMagics", "build_parser"]
@@ -107,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     jax.add_argument("--config", help="Python expression for train_loop_config, e.g. \"{'steps': 100}\"")
     jax.add_argument("--out", default="last_run", help="variable for the result (default last_run)")
     jax.add_argument("--storage", help="Ray Train storage path")
+    jax.add_argument("--profile", metavar="START:STOP",
+                     help="trace steps START..STOP-1 with jax.profiler on every worker (a step is "
+                          "one ray.train.report call); shown after the run")
     return parser
 
 
@@ -227,7 +231,7 @@ class RaytpuMagics(Magics):
         try:
             run = get_lab().train_jax(
                 fn, args.topology, args.version, slices=args.slices, name=args.name, config=config,
-                storage_path=args.storage, on_records=chart.add,
+                storage_path=args.storage, on_records=chart.add, profile=args.profile,
                 on_launch=lambda: handles.append(display(chart.figure, display_id=True)))
         finally:
             # Swap the live widget for a static chart, so exports and reloads still show it.
@@ -238,6 +242,9 @@ class RaytpuMagics(Magics):
         print(f"Run {s['name']!r} finished on {', '.join(s['slices']) or '?'}: {s['steps']} steps in "
               f"{s['wall_s']} s ({s['steps_per_s']} steps/s); final {s['final_metrics']}. "
               f"Result in `{args.out}`.")
+        profile = get_lab().last_profile if args.profile else None
+        if profile is not None:
+            display(ProfileView(profile))
         return None
 
     def _config(self, text: str | None) -> Any:

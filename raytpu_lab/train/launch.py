@@ -31,6 +31,7 @@ from ray.util.queue import Empty, Queue
 from raytpu_lab.errors import TrainingError
 from raytpu_lab.state.model import ClusterSnapshot
 from raytpu_lab.tpu.topology import SliceShape
+from raytpu_lab.train.profile import ProfileWindow, with_profiler
 from raytpu_lab.train.result import RunResult
 
 __all__ = ["RunResult", "TrainerFactory", "launch_jax", "launch_run", "REPORT_INTERVAL_S"]
@@ -72,6 +73,7 @@ def launch_jax(
     on_records: Callable[[list[dict[str, Any]]], None] | None = None,
     on_placement: Callable[[list[str], list[str]], None] | None = None,
     poll_interval_s: float = 0.5,
+    profile: ProfileWindow | None = None,
 ) -> RunResult:
     """Run ``train_fn`` with ``JaxTrainer`` on ``num_slices`` slices of ``shape``; block until done.
 
@@ -84,7 +86,12 @@ def launch_jax(
             calls ``ray.train.report(metrics)`` to report (every rank must call it equally often).
         config: Passed to ``train_fn`` as ``train_loop_config``.
         storage_path: Ray Train's storage (local dir or ``gs://``); Ray's default if ``None``.
+        profile: Steps to trace with ``jax.profiler`` on every worker
+            (:func:`raytpu_lab.train.profile.with_profiler`); traces go to
+            ``<run storage>/profile/``.
     """
+    if profile is not None:
+        train_fn = with_profiler(train_fn, profile)
 
     def make_trainer(callbacks: list[UserCallback]) -> JaxTrainer:
         return JaxTrainer(
