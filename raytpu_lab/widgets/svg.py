@@ -15,7 +15,7 @@ inlining it in a page never restyles anything else. Every string from the cluste
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from html import escape
 
 from raytpu_lab.state.model import ClusterSnapshot, HostState, SliceState
@@ -185,12 +185,42 @@ def _legend(y: float) -> tuple[float, list[str]]:
     return x, out
 
 
-def render_svg(snapshot: ClusterSnapshot, *, highlight: Iterable[str] | None = None) -> str:
+def _dcn_links(boxes: dict[str, tuple[float, float, float, float]],
+               dcn: Iterable[Sequence[str]]) -> list[str]:
+    """A dashed line badged "DCN" between consecutive slices of each multi-slice group."""
+    out = []
+    for group in dcn:
+        drawn = [name for name in group if name in boxes]
+        for a, b in zip(drawn, drawn[1:], strict=False):
+            ax, ay, aw, ah = boxes[a]
+            bx, by, bw, bh = boxes[b]
+            if abs(ay - by) < 1:  # same row: right edge of a to left edge of b
+                x1, y1, x2, y2 = ax + aw, ay + ah / 2, bx, by + bh / 2
+            else:  # next row: bottom of a to top of b
+                x1, y1, x2, y2 = ax + aw / 2, ay + ah, bx + bw / 2, by
+            mx, my = (x1 + x2) / 2, (y1 + y2) / 2
+            out.append(f'<g class="dcn-link" data-from="{_e(a)}" data-to="{_e(b)}">'
+                       f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="{_HIGHLIGHT}" '
+                       f'stroke-width="2" stroke-dasharray="4 3"/>'
+                       f'<rect x="{mx - 16}" y="{my - 8}" width="32" height="16" rx="8" '
+                       f'fill="{_HIGHLIGHT}"/><text x="{mx}" y="{my + 4}" text-anchor="middle" '
+                       f'font-size="10" font-weight="bold" fill="#ffffff">DCN</text>'
+                       f"<title>{_e(a)} and {_e(b)} are joined by DCN (data-center network), "
+                       f"not ICI</title></g>")
+    return out
+
+
+def render_svg(snapshot: ClusterSnapshot, *, highlight: Iterable[str] | None = None,
+               dcn: Iterable[Sequence[str]] = ()) -> str:
     """The cluster map as one self-contained SVG document.
 
     Args:
         snapshot: What to draw.
         highlight: Slice names to ring (e.g. the slices a reservation holds).
+        dcn: Multi-slice groups, each the slice names of one run in ``MEGASCALE_SLICE_ID``
+            order; consecutive slices of a group get a dashed link badged "DCN"
+            (``<g class="dcn-link" data-from data-to>``): the slices talk over the data-center
+            network, not ICI.
 
     Returns:
         ``<svg xmlns=...>...</svg>``; hosts are ``<g class="host" data-slice data-worker
@@ -199,15 +229,18 @@ def render_svg(snapshot: ClusterSnapshot, *, highlight: Iterable[str] | None = N
     marked = set(highlight or ())
     legend_w, body = _legend(_PAD)
     x, y, row_h, width = float(_PAD), _PAD + 24.0, 0.0, legend_w
+    boxes: dict[str, tuple[float, float, float, float]] = {}
     for s in snapshot.slices:
         w, h, panel = _slice_panel(s, s.name in marked)
         if x > _PAD and x + w > _MAX_WIDTH_PX:
             x, y, row_h = float(_PAD), y + row_h + _PANEL_GAP, 0.0
+        boxes[s.name] = (x, y, w, h)
         body.append(f'<g transform="translate({x},{y})">')
         body.extend(panel)
         body.append("</g>")
         x += w + _PANEL_GAP
         row_h, width = max(row_h, h), max(width, x)
+    body.extend(_dcn_links(boxes, dcn))
     y += row_h + (_PANEL_GAP if snapshot.slices else 0)
     notes = [] if snapshot.slices else ["No TPU slices in this cluster."]
     if snapshot.other_nodes:
@@ -237,7 +270,8 @@ _HEADER = ["slice", "pod type", "topology", "hosts alive/expected", "chips free/
            "owner"]
 
 
-def render_status_html(snapshot: ClusterSnapshot, highlight: Iterable[str] | None = None) -> str:
+def render_status_html(snapshot: ClusterSnapshot, highlight: Iterable[str] | None = None,
+                       dcn: Iterable[Sequence[str]] = ()) -> str:
     """A status table (one row per slice) followed by :func:`render_svg`, as an HTML fragment."""
     cell = 'style="padding:2px 10px;text-align:left;border-bottom:1px solid #dadce0"'
     head = "".join(f"<th {cell}>{_e(h)}</th>" for h in _HEADER)
@@ -253,7 +287,7 @@ def render_status_html(snapshot: ClusterSnapshot, highlight: Iterable[str] | Non
     table = (f'<table style="border-collapse:collapse;font-family:sans-serif;font-size:12px">'
              f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
     return (f'<div class="raytpu-status">{table}<div style="margin-top:8px">'
-            f"{render_svg(snapshot, highlight=highlight)}</div></div>")
+            f"{render_svg(snapshot, highlight=highlight, dcn=dcn)}</div></div>")
 
 
 def render_status_text(snapshot: ClusterSnapshot) -> str:
