@@ -309,7 +309,8 @@ class Lab:
         def placed(slice_names: list[str], pg_ids: list[str]) -> None:
             self._jobs.update({pg: f"run {run_name}" for pg in pg_ids})
             self._highlight(set(slice_names))
-            self._mark_dcn([slice_names] if slices > 1 else [])  # multi-slice: DCN between them
+            # Multi-slice: the slices talk over DCN; kept, like the highlight, until the next run.
+            self._mark_dcn([slice_names] if slices > 1 else [])
 
         try:
             run = launch_jax(train_fn, shape, name=run_name, num_slices=slices, config=config,
@@ -317,7 +318,6 @@ class Lab:
                              on_records=on_records, on_placement=placed, profile=window)
         finally:
             self._jobs = {pg: label for pg, label in self._jobs.items() if label != f"run {run_name}"}
-            self._mark_dcn([])
         self.last_run = run
         if window is not None:
             self.last_profile = load_profile(run.storage_path, (window.start, window.stop))
