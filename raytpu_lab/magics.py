@@ -244,7 +244,7 @@ class RaytpuMagics(Magics):
               f"Result in `{args.out}`.")
         profile = get_lab().last_profile if args.profile else None
         if profile is not None:
-            display(ProfileView(profile))
+            display(ProfileView(profile, snapshot=get_lab().snapshot()))
         return None
 
     def _config(self, text: str | None) -> Any:

@@ -307,6 +307,7 @@ class ProfileReport:
         trace_compiles: Compilations inside the traced window, per host (trace events).
         message: :func:`window_message`, or worker-side profiler errors; ``None`` when all went
             as asked.
+        slots: ``(slice name, worker id)`` of each host, in the order of ``skew_hosts``.
     """
 
     window: tuple[int, int]
@@ -321,6 +322,7 @@ class ProfileReport:
     compiles: list[CompileStat]
     trace_compiles: dict[str, int]
     message: str | None
+    slots: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def open_command(self) -> str:
@@ -338,6 +340,12 @@ class ProfileReport:
             for k in ("step_s", "compile_s", "execute_s", "report_s", "host_s"):
                 row[k] += getattr(b, k)
         return sorted(out.values(), key=lambda r: r["rank"])
+
+    def host_skew_s(self) -> dict[tuple[str, int], float]:
+        """``{(slice name, worker id): seconds}``: each host's skew summed over the steps where it
+        was slower than the median host (0 for a host never slower)."""
+        return {slot: sum(v for v in row if v is not None and v > 0)
+                for slot, row in zip(self.slots, self.skew_s, strict=True)}
 
     def straggler(self) -> str | None:
         """The host with the largest total positive skew, if any host is more than 10 ms slower."""
@@ -376,4 +384,12 @@ def build_report(hosts: list[HostTrace], window: tuple[int, int], logdir: str, *
         window=window, logdir=logdir, hosts=[h.label for h in hosts], breakdown=breakdown,
         skew_hosts=labels, skew_steps=steps, skew_s=skew, ops=ops, ops_source=source,
         compiles=compile_stats(hosts), trace_compiles=trace_compiles,
-        message="; ".join(n for n in notes if n) or None)
+        message="; ".join(n for n in notes if n) or None,
+        slots=[(str(h.meta.get("slice_name", "")), _int(h.meta.get("worker_id"))) for h in hosts])
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1

@@ -14,7 +14,9 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from raytpu_lab.state.model import ClusterSnapshot
 from raytpu_lab.train.profile_analysis import ProfileReport
+from raytpu_lab.widgets.svg import render_svg
 
 __all__ = ["ProfileView", "PARTS"]
 
@@ -33,8 +35,24 @@ class ProfileView:
         display(ProfileView(report))
     """
 
-    def __init__(self, report: ProfileReport) -> None:
+    def __init__(self, report: ProfileReport, snapshot: ClusterSnapshot | None = None) -> None:
         self.report = report
+        self.snapshot = snapshot
+
+    def skew_map(self) -> str:
+        """The topology map (static SVG) of the run's slices, hosts filled by their skew: white
+        for a host never slower than the median, deepening red up to the straggler; ``""``
+        without a snapshot."""
+        if self.snapshot is None or not self.report.slots:
+            return ""
+        skew = self.report.host_skew_s()
+        worst = max(skew.values(), default=0.0) or 1.0
+        heat = {slot: (_red(v / worst), f"profile skew {v:.3f} s over the traced run")
+                for slot, v in skew.items()}
+        slices = {name for name, _ in skew}
+        snap = ClusterSnapshot(self.snapshot.fetched_at, [s for s in self.snapshot.slices
+                                                      if s.name in slices], [], None)
+        return render_svg(snap, highlight=slices, host_heat=heat)
 
     def figure(self) -> go.Figure:
         """Per host: the traced steps' breakdown (stacked bars, seconds) and the skew heatmap
@@ -114,7 +132,17 @@ class ProfileView:
             f"<th>s</th></tr>{comp}</table></div>")
         one_liner = (f"<div>Open the traces in XProf: <code>{escape(r.open_command)}</code> "
                      f"(or <code>tensorboard --logdir {escape(r.logdir)}</code>)</div></div>")
-        return head + body + tables + one_liner
+        skew_map = self.skew_map()
+        if skew_map:
+            skew_map = f"<div><div>Skew per host on the map (red: slower)</div>{skew_map}</div>"
+        return head + body + skew_map + tables + one_liner
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
         return {"text/plain": self.text(), "text/html": self.html()}
+
+
+def _red(fraction: float) -> str:
+    """White (0) to red (1)."""
+    f = min(1.0, max(0.0, fraction))
+    other = round(255 - f * (255 - 48))
+    return f"#{255:02x}{other:02x}{other:02x}"

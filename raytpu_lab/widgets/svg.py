@@ -15,7 +15,7 @@ inlining it in a page never restyles anything else. Every string from the cluste
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 
 from raytpu_lab.state.model import ClusterSnapshot, HostState, SliceState
@@ -104,15 +104,19 @@ def _layout(s: SliceState) -> tuple[bool, float, float, int]:
 
 
 def _host_svg(s: SliceState, h: HostState, x: float, y: float, w: float, hh: float,
-              with_chips: bool) -> list[str]:
+              with_chips: bool, heat: tuple[str, str] | None = None) -> list[str]:
     color = STATE_COLORS.get(h.state, "#000")
     dash = ' stroke-dasharray="3 2"' if h.state in ("missing", "dead") else ""
+    tip = _host_tooltip(s, h) + (f"\n{heat[1]}" if heat else "")
+    mark = f' data-heat="{_e(heat[0])}"' if heat else ""
     head = (f'<g class="host" data-slice="{_e(s.name)}" data-worker="{h.worker_id}" '
-            f'data-state="{_e(h.state)}"><title>{_e(_host_tooltip(s, h))}</title>')
+            f'data-state="{_e(h.state)}"{mark}><title>{_e(tip)}</title>')
     if not with_chips:
-        return [head, f'<rect x="{x}" y="{y}" width="{w}" height="{hh}" fill="{color}"'
+        fill = _e(heat[0]) if heat else color
+        return [head, f'<rect x="{x}" y="{y}" width="{w}" height="{hh}" fill="{fill}"'
                       f' stroke="#5f6368" stroke-width="0.5"{dash}/></g>']
-    out = [head, f'<rect x="{x}" y="{y}" width="{w}" height="{hh}" rx="3" fill="#f8f9fa" '
+    background = _e(heat[0]) if heat else "#f8f9fa"
+    out = [head, f'<rect x="{x}" y="{y}" width="{w}" height="{hh}" rx="3" fill="{background}" '
                  f'stroke="{color}" stroke-width="1.5"{dash}/>',
            f'<text x="{x + w / 2}" y="{y + hh - 4}" text-anchor="middle" font-size="9" '
            f'fill="#3c4043">w{h.worker_id}</text>']
@@ -129,7 +133,9 @@ def _host_svg(s: SliceState, h: HostState, x: float, y: float, w: float, hh: flo
     return out
 
 
-def _slice_panel(s: SliceState, highlighted: bool) -> tuple[float, float, list[str]]:
+def _slice_panel(s: SliceState, highlighted: bool,
+                 heat: Mapping[tuple[str, int], tuple[str, str]] | None = None
+                 ) -> tuple[float, float, list[str]]:
     """Draw one slice at the origin; return ``(width, height, svg elements)``."""
     shape = s.shape
     with_chips, host_w, host_h, per_row = _layout(s)
@@ -170,7 +176,8 @@ def _slice_panel(s: SliceState, highlighted: bool) -> tuple[float, float, list[s
                 continue
             x = ox + c[0] * (host_w + gap)
             y = oy + plane_label + c[1] * (host_h + gap)
-            body.extend(_host_svg(s, h, x, y, host_w, host_h, with_chips))
+            body.extend(_host_svg(s, h, x, y, host_w, host_h, with_chips,
+                                  (heat or {}).get((s.name, h.worker_id))))
     body.append("</g>")
     return width, height, body
 
@@ -211,7 +218,8 @@ def _dcn_links(boxes: dict[str, tuple[float, float, float, float]],
 
 
 def render_svg(snapshot: ClusterSnapshot, *, highlight: Iterable[str] | None = None,
-               dcn: Iterable[Sequence[str]] = ()) -> str:
+               dcn: Iterable[Sequence[str]] = (),
+               host_heat: Mapping[tuple[str, int], tuple[str, str]] | None = None) -> str:
     """The cluster map as one self-contained SVG document.
 
     Args:
@@ -221,6 +229,8 @@ def render_svg(snapshot: ClusterSnapshot, *, highlight: Iterable[str] | None = N
             order; consecutive slices of a group get a dashed link badged "DCN"
             (``<g class="dcn-link" data-from data-to>``): the slices talk over the data-center
             network, not ICI.
+        host_heat: ``{(slice name, worker id): (colour, note)}``: fill those hosts with the colour
+            and add the note to their tooltip (``data-heat`` on the host), e.g. a profile's skew.
 
     Returns:
         ``<svg xmlns=...>...</svg>``; hosts are ``<g class="host" data-slice data-worker
@@ -231,7 +241,7 @@ def render_svg(snapshot: ClusterSnapshot, *, highlight: Iterable[str] | None = N
     x, y, row_h, width = float(_PAD), _PAD + 24.0, 0.0, legend_w
     boxes: dict[str, tuple[float, float, float, float]] = {}
     for s in snapshot.slices:
-        w, h, panel = _slice_panel(s, s.name in marked)
+        w, h, panel = _slice_panel(s, s.name in marked, host_heat)
         if x > _PAD and x + w > _MAX_WIDTH_PX:
             x, y, row_h = float(_PAD), y + row_h + _PANEL_GAP, 0.0
         boxes[s.name] = (x, y, w, h)

@@ -160,3 +160,24 @@ def test_skew_is_work_before_report_minus_the_median_host() -> None:
     assert labels == ["s w0 (rank 0)", "s w1 (rank 1)", "s w2 (rank 2)"]
     assert steps == [0, 1]
     assert skew == [[0.0, -0.5], [0.0, 0.5], [0.0, None]]
+
+
+def test_skew_on_the_topology_map_marks_the_straggler_host(report) -> None:
+    import json
+    import xml.etree.ElementTree as ET
+
+    from raytpu_lab.state import build_snapshot
+
+    raw = json.loads((FIXTURE.parent / "raw_v6e_4x4_x2_idle.json").read_text())
+    view = ProfileView(report, snapshot=build_snapshot(raw))
+    svg = view.skew_map()
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    hosts = {(g.get("data-slice"), int(g.get("data-worker"))): g.get("data-heat")
+             for g in root.iter(f"{ns}g") if g.get("class") == "host"}
+    assert set(hosts) == {("tpu-v6e-4x4-0", w) for w in range(4)}  # only the run's slice
+    slow = report.slots[1]  # rank 1 slept
+    assert hosts[slow] == "#ff3030"
+    assert all(c != "#ff3030" for slot, c in hosts.items() if slot != slow)
+    assert "profile skew" in svg and "Skew per host on the map" in view.html()
+    assert ProfileView(report).skew_map() == ""
