@@ -57,6 +57,11 @@ def _run(ip, line: str):
     return out, result
 
 
+def _shown(out) -> str:
+    """What the cell displayed (rich outputs, as text/plain) after what it printed."""
+    return out.stdout + "\n".join(o.data.get("text/plain", "") for o in out.outputs)
+
+
 def test_profile_window_traces_every_worker(ip, lab: Lab, tmp_path: Path) -> None:
     out, result = _run(ip, f"jax --topology 4x4 --version v6e --name prof --storage {tmp_path} "
                            "--config \"{'steps': 4}\" --profile 1:3")
@@ -76,7 +81,10 @@ def test_profile_window_traces_every_worker(ip, lab: Lab, tmp_path: Path) -> Non
     assert step_fn.recompiles >= 1 and {0, 2} <= set(step_fn.steps)
     assert report.ops and all(o.module.startswith("jit_") for o in report.ops)
     assert report.straggler() is not None and "(rank 1)" in report.straggler()
-    assert "xprof server --logdir" in out.stdout and "Straggler" in out.stdout
+    shown = _shown(out)
+    assert "xprof server --logdir" in shown and "Straggler: tpu-v6e-4x4-" in shown
+    html = [o.data["text/html"] for o in out.outputs if "Skew per host" in o.data.get("text/html", "")]
+    assert len(html) == 1 and "data-heat" in html[0] and "Plotly.newPlot" in html[0]
     assert wait_until(lambda: not live_placement_groups(), 10), live_placement_groups()
     assert wait_until(lambda: not live_actors(), 10), live_actors()
 
@@ -85,7 +93,7 @@ def test_profile_window_beyond_the_run_is_said_at_the_end(ip, lab: Lab, tmp_path
     out, result = _run(ip, f"jax --topology 4x4 --version v6e --name late --storage {tmp_path} "
                            "--config \"{'steps': 2}\" --profile 50:60")
     assert result.error_in_exec is None, out.stdout + out.stderr
-    assert "profile window 50:60 never reached: the run reported 2 steps" in out.stdout
+    assert "profile window 50:60 never reached: the run reported 2 steps" in _shown(out)
     assert wait_until(lambda: not live_placement_groups(), 10), live_placement_groups()
 
 
