@@ -104,7 +104,10 @@ class ProfileView:
     def html(self) -> str:
         """Figure (plotly.js inline, no network) + op and compile tables + the XProf one-liner."""
         r = self.report
-        head = (f"<div class='raytpu-profile'><b>Profile of steps {r.window[0]}:{r.window[1]}</b>"
+        head = ("<div class='raytpu-profile' style='font-family:sans-serif;font-size:12px'>"
+                "<style>.raytpu-profile th,.raytpu-profile td{padding:2px 8px;text-align:left}"
+                ".raytpu-profile caption{font-weight:bold;text-align:left}</style>"
+                f"<b>Profile of steps {r.window[0]}:{r.window[1]}</b>"
                 f" on {len(r.hosts)} hosts")
         if r.message:
             head += f"<div style='color:#d93025'>{escape(r.message)}</div>"
