@@ -10,8 +10,9 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["abort_train_controller", "remove_placement_group_by_id", "available_resources_per_node", "controller_announcer",
-           "ensure_auth_token", "enable_token_auth", "muted_worker_logs"]
+__all__ = ["abort_train_controller", "remove_placement_group_by_id", "available_resources_per_node",
+           "controller_announcer", "ensure_auth_token", "enable_token_auth", "muted_worker_logs",
+           "wrap_train_report"]
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
@@ -151,3 +152,30 @@ def _filtered(handler: Callable[[Any], None]) -> Callable[[Any], None]:
 
     handle._raytpu_filter = True  # type: ignore[attr-defined]
     return handle
+
+
+def wrap_train_report(hook: Callable[..., Any]) -> Callable[[], None]:
+    """Route every ``ray.train.report`` of this Ray Train worker through ``hook(report, *args,
+    **kwargs)``; returns a function that undoes it.
+
+    Wraps the ``report`` of the worker's ``TrainFnUtils`` object
+    (``ray.train.v2._internal.execution.train_fn_utils.get_train_fn_utils()``), which every
+    public path reaches (``ray.train.report`` and a ``report`` imported from ``ray.train``);
+    Ray's docstring of ``TrainFnUtils`` says it "can be patched if new user APIs behaviors is
+    wanted". Call it inside the training function (the object exists only there).
+    """
+    from ray.train.v2._internal.execution.train_fn_utils import get_train_fn_utils
+
+    utils = get_train_fn_utils()
+    original = utils.report
+
+    def report(*args: Any, **kwargs: Any) -> Any:
+        return hook(original, *args, **kwargs)
+
+    utils.report = report  # type: ignore[method-assign]  # instance attribute: this worker only
+
+    def undo() -> None:
+        if utils.__dict__.get("report") is report:
+            del utils.report
+
+    return undo

@@ -37,6 +37,9 @@ from raytpu_lab.state.reservations import ReservationInfo, list_reservations
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
 from raytpu_lab.train.launch import RunHandle, RunListener, RunResult, RunUpdate, start_jax
 from raytpu_lab.train.on_reservation import SliceLoan
+from raytpu_lab.train.profile import parse_profile_window
+from raytpu_lab.train.profile_analysis import ProfileReport
+from raytpu_lab.train.profile_load import load_profile
 from raytpu_lab.train.torch_run import TorchRunResult, check_torch_run, is_emulated, start_torch
 from raytpu_lab.train.worker_tap import accepts_config
 from raytpu_lab.widgets.status import StatusView
@@ -59,12 +62,14 @@ class Lab:
         last_run: The most recent training run's result.
         kuberay: The RayCluster on Kubernetes this session connected to
             (:meth:`connect_kuberay`), or ``None``.
+        last_profile: The analysis of the most recent profiled run (``train_jax(profile=...)``).
     """
 
     def __init__(self) -> None:
         self.address: str | None = None
         self.cluster: emulator.EmulatedCluster | None = None
         self.last_run: RunResult | None = None
+        self.last_profile: ProfileReport | None = None
         self._reservations: dict[str, Reservation] = {}
         self._names = itertools.count(1)
         self._jobs: dict[str, str] = {}  # placement group id -> "run <name>", while it runs
@@ -410,7 +415,8 @@ class Lab:
                   storage_path: str | None = None, wait_s: float = 60.0,
                   on_launch: Callable[[], None] | None = None,
                   on_records: Callable[[list[dict[str, Any]]], None] | None = None,
-                  reservation: str | None = None) -> RunResult:
+                  reservation: str | None = None,
+                  profile: str | tuple[int, int] | None = None) -> RunResult:
         """Train with Ray Train's ``JaxTrainer`` on ``slices`` whole slices (one worker per host);
         block until the run ends. :meth:`start_jax` without waiting; Ctrl-C stops the run.
 
@@ -433,6 +439,10 @@ class Lab:
             on_records: Live callback with each batch of reported records.
             reservation: Run on this reservation of the session (shape and slice count must
                 match it).
+            profile: ``(start, stop)`` or ``"START:STOP"``: trace steps ``start .. stop - 1`` (a
+                step is one ``ray.train.report`` call of a worker) with ``jax.profiler`` on every
+                worker (:mod:`raytpu_lab.train.profile`); the analysis is left in
+                :attr:`last_profile`.
 
         Raises:
             InvalidTopologyError: Bad topology (before Ray is asked).
@@ -447,7 +457,7 @@ class Lab:
         return self.start_jax(train_fn, topology, version, slices=slices, name=name,
                               config=config, storage_path=storage_path, wait_s=wait_s,
                               on_launch=on_launch, on_records=on_records,
-                              reservation=reservation).wait()
+                              reservation=reservation, profile=profile).wait()
 
     def start_jax(self, train_fn: Callable[..., Any], topology: str, version: str, *,
                   slices: int = 1, name: str | None = None, config: dict[str, Any] | None = None,
@@ -455,7 +465,8 @@ class Lab:
                   on_launch: Callable[[], None] | None = None,
                   on_records: Callable[[list[dict[str, Any]]], None] | None = None,
                   listener: RunListener | None = None, mute_driver_logs: bool = False,
-                  reservation: str | None = None) -> RunHandle:
+                  reservation: str | None = None,
+                  profile: str | tuple[int, int] | None = None) -> RunHandle:
         """Start a ``JaxTrainer`` run (as :meth:`train_jax`) and return its handle at once.
 
         ``handle.wait()`` blocks for the :class:`RunResult`, ``handle.stop()`` aborts the run and
@@ -469,24 +480,30 @@ class Lab:
         """
         shape = SliceShape.of(version, topology)
         _require_positive("slices", slices)
+        window = parse_profile_window(profile) if profile is not None else None
         if config is not None and not isinstance(config, dict):
             raise TrainingConfigError(
                 f"The training config is a {type(config).__name__}, not a dict.",
                 why="Ray Train passes train_loop_config to the function as a dict.",
                 fix="Pass a dict, e.g. --config \"{'steps': 100}\".")
         accepts_config(train_fn)
+        window = parse_profile_window(profile) if profile is not None else None
         run_name = name or f"jax-{time.strftime('%H%M%S')}"
+        self.last_profile = None
         return self._start_run(
             lambda **kw: start_jax(train_fn, shape, name=run_name, num_slices=slices,
-                                   config=config, storage_path=storage_path, **kw),
+                                   config=config, storage_path=storage_path, profile=window,
+                                   **kw),
             shape, slices, run_name, wait_s=wait_s, on_launch=on_launch, on_records=on_records,
-            listener=listener, mute_driver_logs=mute_driver_logs, reservation=reservation)
+            listener=listener, mute_driver_logs=mute_driver_logs, reservation=reservation,
+            after=(lambda result: self._load_profile(result, window)) if window else None)
 
     def _start_run(self, start: Callable[..., RunHandle], shape: SliceShape, slices: int,
                    run_name: str, *, wait_s: float, on_launch: Callable[[], None] | None,
                    on_records: Callable[[list[dict[str, Any]]], None] | None,
                    listener: RunListener | None, mute_driver_logs: bool,
-                   reservation: str | None = None) -> RunHandle:
+                   reservation: str | None = None,
+                   after: Callable[[RunResult], None] | None = None) -> RunHandle:
         """Checks, launch and bookkeeping shared by every trainer: ``start(**kwargs)`` calls
         :func:`~raytpu_lab.train.launch.start_run` (through ``start_jax``...) with ours.
 
@@ -505,6 +522,8 @@ class Lab:
         def placed(slice_names: list[str], pg_ids: list[str]) -> None:
             self._jobs.update({pg: label for pg in pg_ids})
             self._highlight(set(slice_names))
+            # Multi-slice: the slices talk over DCN; kept, like the highlight, until the next run.
+            self._mark_dcn([slice_names] if slices > 1 else [])
 
         lab = self
 
@@ -518,6 +537,8 @@ class Lab:
                 lab.last_run = result
                 if loan is not None and box:
                     box[0].failure = loan.end()
+                if after is not None:
+                    after(result)
                 if listener is not None:
                     listener.on_end(result)
 
@@ -772,6 +793,10 @@ class Lab:
 
     # -- helpers ---------------------------------------------------------------------------
 
+    def _load_profile(self, result: RunResult, window: Any) -> None:
+        """After a profiled run: analyse its traces into :attr:`last_profile`."""
+        self.last_profile = load_profile(result.storage_path, (window.start, window.stop))
+
     def _loan(self, name: str, shape: SliceShape, slices: int, wait_s: float) -> SliceLoan:
         """Reservation ``name``'s slices, to lend to a Ray Train run of ``slices`` x ``shape``."""
         res = self._reservations.get(name)
@@ -821,6 +846,10 @@ class Lab:
         if self._map is not None and not getattr(self._map, "closed", False):
             self._map.set_highlight(slices)
             self.refresher.refresh_now()
+
+    def _mark_dcn(self, groups: list[list[str]]) -> None:
+        if self._map is not None and not getattr(self._map, "closed", False):
+            self._map.set_dcn(groups)
 
     def _require_connection(self, doing: str) -> None:
         if not self.connected:

@@ -26,6 +26,7 @@ from raytpu_lab.cluster.emulator import DEFAULT_NAME
 from raytpu_lab.errors import RaytpuError, RemoteHostError, TrainingConfigError
 from raytpu_lab.lab import get_lab
 from raytpu_lab.train.run import RunHandle
+from raytpu_lab.widgets.profile_view import ProfileView
 from raytpu_lab.widgets.run_dashboard import RunDashboard
 
 __all__ = ["RaytpuMagics", "WatchedRun", "build_parser"]
@@ -159,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="return at once; other cells run while the dashboard streams")
     jax.add_argument("--reservation", metavar="NAME",
                      help="run on exactly this reservation's slices, or fail (it gets them back after)")
+    jax.add_argument("--profile", metavar="START:STOP",
+                     help="trace steps START..STOP-1 with jax.profiler on every worker (a step is "
+                          "one ray.train.report call); shown after the run")
 
     torch = sub.add_parser(
         "torch", help="(cell magic) run the cell's training function with TorchTrainer (PyTorch/XLA)",
@@ -388,7 +392,8 @@ class RaytpuMagics(Magics):
         lab = get_lab()
         return self._watch_run(args, args.name or fn.__name__, lambda **kw: lab.start_jax(
             fn, args.topology, args.version, slices=args.slices, name=args.name, config=config,
-            storage_path=args.storage, mute_driver_logs=True, reservation=args.reservation, **kw))
+            storage_path=args.storage, mute_driver_logs=True, reservation=args.reservation,
+            profile=args.profile, **kw))
 
     def _watch_run(self, args: argparse.Namespace, title: str,
                    start: Callable[..., RunHandle]) -> Any:
@@ -441,6 +446,9 @@ class RaytpuMagics(Magics):
         print(f"Run {s['name']!r} {state} on {', '.join(s['slices']) or '?'}:{xla} {s['steps']} "
               f"steps in {s['wall_s']} s ({s['steps_per_s']} steps/s); final "
               f"{s['final_metrics']}. Result in `{args.out}`.")
+        profile = get_lab().last_profile if getattr(args, "profile", None) else None
+        if profile is not None:
+            display(ProfileView(profile, snapshot=get_lab().snapshot()))
 
     def _jax_shape_from_reservation(self, args: argparse.Namespace) -> None:
         """``--reservation NAME`` fills ``--topology/--version/--slices`` from the reservation."""

@@ -32,6 +32,7 @@ from ray.util.queue import Queue
 from raytpu_lab import _ray_private
 from raytpu_lab.state.model import ClusterSnapshot
 from raytpu_lab.tpu.topology import SliceShape
+from raytpu_lab.train.profile import ProfileWindow, with_profiler
 from raytpu_lab.train.result import RunResult
 from raytpu_lab.train.run import RunHandle, RunListener, RunUpdate
 from raytpu_lab.train.worker_tap import accepts_config, tap_train_fn
@@ -85,6 +86,7 @@ def start_jax(
     num_slices: int = 1,
     config: dict[str, Any] | None = None,
     storage_path: str | None = None,
+    profile: ProfileWindow | None = None,
     **kwargs: Any,
 ) -> RunHandle:
     """Start ``train_fn`` under ``JaxTrainer`` on ``num_slices`` slices of ``shape``; return at once.
@@ -98,7 +100,12 @@ def start_jax(
             calls ``ray.train.report(metrics)`` to report (every rank must call it equally often).
         config: Passed to ``train_fn`` as ``train_loop_config``.
         storage_path: Ray Train's storage (local dir or ``gs://``); Ray's default if ``None``.
+        profile: Steps to trace with ``jax.profiler`` on every worker
+            (:func:`raytpu_lab.train.profile.with_profiler`); traces go to
+            ``<run storage>/profile/``.
     """
+    if profile is not None:
+        train_fn = with_profiler(train_fn, profile)
 
     def make_trainer(callbacks: list[Any], wrapped: Callable[..., Any]) -> JaxTrainer:
         return JaxTrainer(

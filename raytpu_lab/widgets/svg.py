@@ -15,7 +15,7 @@ inlining it in a page never restyles anything else. Every string from the cluste
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 
 from raytpu_lab.state.model import ClusterSnapshot, HostState, SliceState
@@ -105,15 +105,19 @@ def _layout(s: SliceState) -> tuple[bool, float, float, int]:
 
 
 def _host_svg(s: SliceState, h: HostState, x: float, y: float, w: float, hh: float,
-              with_chips: bool) -> list[str]:
+              with_chips: bool, heat: tuple[str, str] | None = None) -> list[str]:
     color = STATE_COLORS.get(h.state, "#000")
     dash = ' stroke-dasharray="3 2"' if h.state in ("missing", "dead", "provisioning") else ""
+    tip = _host_tooltip(s, h) + (f"\n{heat[1]}" if heat else "")
+    mark = f' data-heat="{_e(heat[0])}"' if heat else ""
     head = (f'<g class="host" data-slice="{_e(s.name)}" data-worker="{h.worker_id}" '
-            f'data-state="{_e(h.state)}"><title>{_e(_host_tooltip(s, h))}</title>')
+            f'data-state="{_e(h.state)}"{mark}><title>{_e(tip)}</title>')
     if not with_chips:
-        return [head, f'<rect x="{x}" y="{y}" width="{w}" height="{hh}" fill="{color}"'
+        fill = _e(heat[0]) if heat else color
+        return [head, f'<rect x="{x}" y="{y}" width="{w}" height="{hh}" fill="{fill}"'
                       f' stroke="#5f6368" stroke-width="0.5"{dash}/></g>']
-    out = [head, f'<rect x="{x}" y="{y}" width="{w}" height="{hh}" rx="3" fill="#f8f9fa" '
+    background = _e(heat[0]) if heat else "#f8f9fa"
+    out = [head, f'<rect x="{x}" y="{y}" width="{w}" height="{hh}" rx="3" fill="{background}" '
                  f'stroke="{color}" stroke-width="1.5"{dash}/>',
            f'<text x="{x + w / 2}" y="{y + hh - 4}" text-anchor="middle" font-size="9" '
            f'fill="#3c4043">w{h.worker_id}</text>']
@@ -130,7 +134,9 @@ def _host_svg(s: SliceState, h: HostState, x: float, y: float, w: float, hh: flo
     return out
 
 
-def _slice_panel(s: SliceState, highlighted: bool) -> tuple[float, float, list[str]]:
+def _slice_panel(s: SliceState, highlighted: bool,
+                 heat: Mapping[tuple[str, int], tuple[str, str]] | None = None
+                 ) -> tuple[float, float, list[str]]:
     """Draw one slice at the origin; return ``(width, height, svg elements)``."""
     shape = s.shape
     with_chips, host_w, host_h, per_row = _layout(s)
@@ -171,7 +177,8 @@ def _slice_panel(s: SliceState, highlighted: bool) -> tuple[float, float, list[s
                 continue
             x = ox + c[0] * (host_w + gap)
             y = oy + plane_label + c[1] * (host_h + gap)
-            body.extend(_host_svg(s, h, x, y, host_w, host_h, with_chips))
+            body.extend(_host_svg(s, h, x, y, host_w, host_h, with_chips,
+                                  (heat or {}).get((s.name, h.worker_id))))
     body.append("</g>")
     return width, height, body
 
@@ -186,12 +193,45 @@ def _legend(y: float) -> tuple[float, list[str]]:
     return x, out
 
 
-def render_svg(snapshot: ClusterSnapshot, *, highlight: Iterable[str] | None = None) -> str:
+def _dcn_links(boxes: dict[str, tuple[float, float, float, float]],
+               dcn: Iterable[Sequence[str]]) -> list[str]:
+    """A dashed line badged "DCN" between consecutive slices of each multi-slice group."""
+    out = []
+    for group in dcn:
+        drawn = [name for name in group if name in boxes]
+        for a, b in zip(drawn, drawn[1:], strict=False):
+            ax, ay, aw, ah = boxes[a]
+            bx, by, bw, bh = boxes[b]
+            if abs(ay - by) < 1:  # same row: right edge of a to left edge of b
+                x1, y1, x2, y2 = ax + aw, ay + ah / 2, bx, by + bh / 2
+            else:  # next row: bottom of a to top of b
+                x1, y1, x2, y2 = ax + aw / 2, ay + ah, bx + bw / 2, by
+            mx, my = (x1 + x2) / 2, (y1 + y2) / 2
+            out.append(f'<g class="dcn-link" data-from="{_e(a)}" data-to="{_e(b)}">'
+                       f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="{_HIGHLIGHT}" '
+                       f'stroke-width="2" stroke-dasharray="4 3"/>'
+                       f'<rect x="{mx - 16}" y="{my - 8}" width="32" height="16" rx="8" '
+                       f'fill="{_HIGHLIGHT}"/><text x="{mx}" y="{my + 4}" text-anchor="middle" '
+                       f'font-size="10" font-weight="bold" fill="#ffffff">DCN</text>'
+                       f"<title>{_e(a)} and {_e(b)} are joined by DCN (data-center network), "
+                       f"not ICI</title></g>")
+    return out
+
+
+def render_svg(snapshot: ClusterSnapshot, *, highlight: Iterable[str] | None = None,
+               dcn: Iterable[Sequence[str]] = (),
+               host_heat: Mapping[tuple[str, int], tuple[str, str]] | None = None) -> str:
     """The cluster map as one self-contained SVG document.
 
     Args:
         snapshot: What to draw.
         highlight: Slice names to ring (e.g. the slices a reservation holds).
+        dcn: Multi-slice groups, each the slice names of one run in ``MEGASCALE_SLICE_ID``
+            order; consecutive slices of a group get a dashed link badged "DCN"
+            (``<g class="dcn-link" data-from data-to>``): the slices talk over the data-center
+            network, not ICI.
+        host_heat: ``{(slice name, worker id): (colour, note)}``: fill those hosts with the colour
+            and add the note to their tooltip (``data-heat`` on the host), e.g. a profile's skew.
 
     Returns:
         ``<svg xmlns=...>...</svg>``; hosts are ``<g class="host" data-slice data-worker
@@ -200,15 +240,18 @@ def render_svg(snapshot: ClusterSnapshot, *, highlight: Iterable[str] | None = N
     marked = set(highlight or ())
     legend_w, body = _legend(_PAD)
     x, y, row_h, width = float(_PAD), _PAD + 24.0, 0.0, legend_w
+    boxes: dict[str, tuple[float, float, float, float]] = {}
     for s in snapshot.slices:
-        w, h, panel = _slice_panel(s, s.name in marked)
+        w, h, panel = _slice_panel(s, s.name in marked, host_heat)
         if x > _PAD and x + w > _MAX_WIDTH_PX:
             x, y, row_h = float(_PAD), y + row_h + _PANEL_GAP, 0.0
+        boxes[s.name] = (x, y, w, h)
         body.append(f'<g transform="translate({x},{y})">')
         body.extend(panel)
         body.append("</g>")
         x += w + _PANEL_GAP
         row_h, width = max(row_h, h), max(width, x)
+    body.extend(_dcn_links(boxes, dcn))
     y += row_h + (_PANEL_GAP if snapshot.slices else 0)
     notes = [] if snapshot.slices else ["No TPU slices in this cluster."]
     if snapshot.other_nodes:
@@ -238,7 +281,8 @@ _HEADER = ["slice", "pod type", "topology", "hosts alive/expected", "chips free/
            "owner"]
 
 
-def render_status_html(snapshot: ClusterSnapshot, highlight: Iterable[str] | None = None) -> str:
+def render_status_html(snapshot: ClusterSnapshot, highlight: Iterable[str] | None = None,
+                       dcn: Iterable[Sequence[str]] = ()) -> str:
     """A status table (one row per slice) followed by :func:`render_svg`, as an HTML fragment."""
     cell = 'style="padding:2px 10px;text-align:left;border-bottom:1px solid #dadce0"'
     head = "".join(f"<th {cell}>{_e(h)}</th>" for h in _HEADER)
@@ -254,7 +298,7 @@ def render_status_html(snapshot: ClusterSnapshot, highlight: Iterable[str] | Non
     table = (f'<table style="border-collapse:collapse;font-family:sans-serif;font-size:12px">'
              f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
     return (f'<div class="raytpu-status">{table}<div style="margin-top:8px">'
-            f"{render_svg(snapshot, highlight=highlight)}</div></div>")
+            f"{render_svg(snapshot, highlight=highlight, dcn=dcn)}</div></div>")
 
 
 def render_status_text(snapshot: ClusterSnapshot) -> str:

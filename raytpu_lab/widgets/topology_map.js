@@ -3,7 +3,8 @@
 // Plain DOM + SVG, no libraries, no network. The protocol (geometry trait, "full" / "delta" /
 // "details" messages) is described in topology_map.py. DOM contract used by the browser tests:
 // root .raytpu-map; .slice[data-slice] (class "highlight" when highlighted); .host[data-slice]
-// [data-worker][data-state]; .chip[data-state]; status text in .raytpu-map-status.
+// [data-worker][data-state]; .chip[data-state]; status text in .raytpu-map-status;
+// .dcn-link[data-from][data-to] between consecutive slices of a multi-slice group (trait dcn).
 
 const NS = "http://www.w3.org/2000/svg";
 const CHIP = 14, CHIP_GAP = 3, HOST_PAD = 4, HOST_LABEL = 11, HOST_GAP = 8;
@@ -102,6 +103,7 @@ function render({ model, el }) {
   let asked = false;      // a request_full is outstanding
   let hostEls = [];       // [slice][worker] -> <g class="host">
   let sliceEls = [];      // [slice] -> <g class="slice">
+  let boxes = [];         // [slice] -> [x, y, w, h] of its panel in viewport units
   const expanded = new Set();
   const details = new Map();  // "slice/worker" -> details message
   let tipFor = null;      // [sliceIndex, worker] under the pointer
@@ -275,7 +277,7 @@ function render({ model, el }) {
 
   function draw() {
     viewport.replaceChildren();
-    hostEls = []; sliceEls = [];
+    hostEls = []; sliceEls = []; boxes = [];
     drawLegend();
     let x = PAD, y = PAD, rowH = 0, width = 0;
     const summary = summaryMode();
@@ -285,6 +287,7 @@ function render({ model, el }) {
       sliceEls[si] = e;
       if (x > PAD && x + w > MAX_W) { x = PAD; y += rowH + PANEL_GAP; rowH = 0; }
       wrapG.setAttribute("transform", `translate(${x},${y})`);
+      boxes[si] = [x, y, w, h];
       x += w + PANEL_GAP; rowH = Math.max(rowH, h); width = Math.max(width, x);
     });
     if (!slices().length) {
@@ -296,7 +299,26 @@ function render({ model, el }) {
     svg.setAttribute("viewBox", `0 0 ${Math.max(width, 300)} ${Math.min(height, VIEW_MAX_H)}`);
     svg.style.maxWidth = `${Math.max(width, 300)}px`;
     if (data) { slices().forEach((g, si) => { paintSlice(si); (hostEls[si] || []).forEach((_, w) => paintHost(si, w)); }); }
-    paintHighlight(); paintSelected(); paintStatus(); applyView();
+    paintHighlight(); paintDcn(); paintSelected(); paintStatus(); applyView();
+  }
+
+  function paintDcn() {  // multi-slice: a dashed link badged "DCN" between consecutive slices
+    viewport.querySelectorAll(":scope > .dcn").forEach((e) => e.remove());
+    const layer = svgEl("g", { class: "dcn" }, viewport);
+    for (const group of model.get("dcn") || []) {
+      const idx = group.map((name) => slices().findIndex((g) => g.name === name)).filter((i) => i >= 0 && boxes[i]);
+      for (let k = 0; k + 1 < idx.length; k++) {
+        const [ax, ay, aw, ah] = boxes[idx[k]], [bx, by, bw, bh] = boxes[idx[k + 1]];
+        const same = Math.abs(ay - by) < 1;
+        const [x1, y1, x2, y2] = same ? [ax + aw, ay + ah / 2, bx, by + bh / 2] : [ax + aw / 2, ay + ah, bx + bw / 2, by];
+        const mx = (x1 + x2) / 2, my = (y1 + y2) / 2;
+        const link = svgEl("g", { class: "dcn-link", "data-from": group[k], "data-to": group[k + 1] }, layer);
+        svgEl("line", { x1, y1, x2, y2, stroke: HIGHLIGHT, "stroke-width": 2, "stroke-dasharray": "4 3" }, link);
+        svgEl("rect", { x: mx - 16, y: my - 8, width: 32, height: 16, rx: 8, fill: HIGHLIGHT }, link);
+        svgEl("text", { x: mx, y: my + 4, "text-anchor": "middle", "font-size": 10, "font-weight": "bold", fill: "#fff" }, link).textContent = "DCN";
+        svgEl("title", {}, link).textContent = `${slices()[idx[k]].name} and ${slices()[idx[k + 1]].name}: one multi-slice run, joined by DCN (not ICI)`;
+      }
+    }
   }
 
   function paintHighlight() {
@@ -478,12 +500,14 @@ function render({ model, el }) {
   function onReset() { view = { k: 1, x: 0, y: 0 }; applyView(); }
 
   const onHighlight = () => paintHighlight();
+  const onDcn = () => paintDcn();
   const onSelected = () => paintSelected();
   const onStatus = () => paintStatus();
   const onIci = () => draw();
   model.on("msg:custom", onMsg);
   model.on("change:geometry", onGeometry);
   model.on("change:highlight", onHighlight);
+  model.on("change:dcn", onDcn);
   model.on("change:selected", onSelected);
   model.on("change:status", onStatus);
   ici.addEventListener("change", onIci);
@@ -503,6 +527,7 @@ function render({ model, el }) {
     model.off("msg:custom", onMsg);
     model.off("change:geometry", onGeometry);
     model.off("change:highlight", onHighlight);
+    model.off("change:dcn", onDcn);
     model.off("change:selected", onSelected);
     model.off("change:status", onStatus);
     window.removeEventListener("pointermove", onDragMove);

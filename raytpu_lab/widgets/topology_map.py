@@ -21,6 +21,9 @@ Sync protocol (Python -> front end), chosen so a refresh of a 4,096-host pod sen
 - Custom message ``{"type": "details", "slice", "worker"}`` from a view (hover) is answered with
   the host's labels, node id, IP and owner: labels are large and rarely looked at, so they are
   never part of full or delta messages.
+- Trait ``dcn`` (list of multi-slice groups, each the slice names of one run in
+  ``MEGASCALE_SLICE_ID`` order): the view joins consecutive slices of a group with a dashed link
+  badged "DCN" (``.dcn-link[data-from][data-to]``).
 - Traits ``highlight`` (list of slice names), ``status`` (text for the status line) and
   ``selected`` (set by the view: ``{"slice", "worker", "node_id"}`` for a host click,
   ``{"slice"}`` for a slice-title click, ``{}`` for none).
@@ -112,6 +115,7 @@ class TopologyMap(anywidget.AnyWidget):  # type: ignore[misc]
 
     geometry = traitlets.Dict().tag(sync=True)
     highlight = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    dcn = traitlets.List(traitlets.List(traitlets.Unicode())).tag(sync=True)
     status = traitlets.Unicode("").tag(sync=True)
     selected = traitlets.Dict().tag(sync=True)
 
@@ -176,6 +180,12 @@ class TopologyMap(anywidget.AnyWidget):  # type: ignore[misc]
     def set_highlight(self, names: Iterable[str]) -> None:
         """Ring these slices (replacing the previous set)."""
         self.highlight = sorted(set(names))
+
+    def set_dcn(self, groups: Iterable[Iterable[str]]) -> None:
+        """Mark multi-slice groups (each: one run's slices in ``MEGASCALE_SLICE_ID`` order) with a
+        "DCN" link between consecutive slices (replacing the previous groups); ``[]`` clears."""
+        lists = [list(g) for g in groups]
+        self.dcn = [g for g in lists if len(g) > 1]
 
     def set_status(self, text: str) -> None:
         """Show ``text`` in the view's status line, e.g. ``"disconnected — retrying"``."""
@@ -268,5 +278,5 @@ class TopologyMap(anywidget.AnyWidget):  # type: ignore[misc]
         data, metadata = bundle if isinstance(bundle, tuple) else (bundle or {}, {})
         snap = self._snapshot or ClusterSnapshot(0.0, [], [], None)
         data = {**data, "text/plain": render_status_text(snap),
-                "text/html": render_status_html(snap, self.highlight)}
+                "text/html": render_status_html(snap, self.highlight, dcn=self.dcn)}
         return data, metadata

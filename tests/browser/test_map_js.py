@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "unit" / "fixtures"
 ORIGIN = "http://raytpu.test"
 S0, S1 = "tpu-v6e-4x4-0", "tpu-v6e-4x4-1"
-SYNCED = ("geometry", "highlight", "status", "selected")
+SYNCED = ("geometry", "highlight", "status", "selected", "dcn")
 
 PAGE = """<!doctype html><html><head><meta charset="utf-8"></head>
 <body style="margin:8px;width:1100px"><div id="app"></div><script type="module">
@@ -264,3 +264,23 @@ def test_3d_slice_planes_side_by_side(browser) -> None:
     finally:
         page.close()
         widget.close()
+
+
+def test_multislice_run_shows_a_dcn_link_between_its_slices(two_slices) -> None:
+    page, bridge, widget = two_slices
+    assert _count(page, ".dcn-link") == 0
+    widget.set_highlight([S0, S1])
+    widget.set_dcn([[S0, S1]])
+    bridge.flush()
+    link = page.locator(f'.dcn-link[data-from="{S0}"][data-to="{S1}"]')
+    assert link.count() == 1 and link.locator("text").text_content() == "DCN"
+    left = page.locator(f'.slice[data-slice="{S0}"] > .frame').bounding_box()
+    right = page.locator(f'.slice[data-slice="{S1}"] > .frame').bounding_box()
+    badge = link.locator("rect").bounding_box()
+    assert left and right and badge
+    centre = badge["x"] + badge["width"] / 2
+    assert left["x"] + left["width"] - 1 <= centre <= right["x"] + 1  # in the gap between them
+    page.screenshot(path=str(REPO / "build" / "topology_map_dcn.png"))
+    widget.set_dcn([])
+    bridge.flush()
+    assert _count(page, ".dcn-link") == 0

@@ -20,6 +20,8 @@ PURE_MODULES = [
     "raytpu_lab.state.model",
     "raytpu_lab.state.reservations",
     "raytpu_lab.widgets.svg",
+    "raytpu_lab.train.profile",
+    "raytpu_lab.train.profile_analysis",
 ]
 
 _CHECK = """

@@ -187,3 +187,20 @@ def test_status_text_table() -> None:
     assert lines[1].split() == [S0, "v6e-16", "4x4", "4/4", "0/16", "reserved", "a"]
     assert lines[2].split() == [S1, "v6e-16", "4x4", "4/4", "16/16", "free", "-"]
     assert lines[3] == "chips free 16/32; 1 other node(s)"
+
+
+def test_multislice_group_gets_one_dcn_link_between_its_slices() -> None:
+    snap = _snap("idle")
+    assert "dcn-link" not in render_svg(snap)
+    svg = render_svg(snap, highlight=[S0, S1], dcn=[[S0, S1]])
+    root = ET.fromstring(svg)
+    links = [g for g in root.iter(f"{NS}g") if g.get("class") == "dcn-link"]
+    assert [(g.get("data-from"), g.get("data-to")) for g in links] == [(S0, S1)]
+    assert [t.text for t in links[0].iter(f"{NS}text")] == ["DCN"]
+    line = next(links[0].iter(f"{NS}line"))
+    panels = {g.get("data-slice"): g for g in root.iter(f"{NS}g") if g.get("class") == "slice"}
+    assert set(panels) == {S0, S1}
+    # The link runs from the right edge of the first panel to the left edge of the second.
+    assert float(line.get("x1")) < float(line.get("x2"))
+    assert "dcn-link" in render_status_html(snap, [S0, S1], dcn=[[S0, S1]])
+    assert "dcn-link" not in render_svg(snap, dcn=[[S0, "not-a-slice"]])

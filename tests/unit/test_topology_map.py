@@ -250,3 +250,13 @@ def test_mixed_cluster_renders_every_generation_and_sets_odd_nodes_aside() -> No
     assert names == sorted(["tpu-v4-2x2x1-0", "tpu-v6e-4x4-0", "tpu-v6e-4x4-1"])
     ET.fromstring(render_svg(snap))
     live.close()
+
+
+def test_dcn_groups_reach_the_view_and_the_static_map(idle_map: TopologyMap) -> None:
+    assert idle_map.dcn == []
+    idle_map.set_dcn([iter([S0, S1]), [S1]])  # a single slice is no multi-slice group
+    assert idle_map.dcn == [[S0, S1]]
+    html = idle_map._repr_mimebundle_()[0]["text/html"]
+    assert f'class="dcn-link" data-from="{S0}" data-to="{S1}"' in html
+    idle_map.set_dcn([])
+    assert "dcn-link" not in idle_map._repr_mimebundle_()[0]["text/html"]

@@ -1,0 +1,264 @@
+"""Profiling a window of training steps on every worker with ``jax.profiler``.
+
+A **step** is one ``ray.train.report`` call of the worker: step 0 is the work up to and including
+the first report, step ``k`` the work after report ``k - 1`` returned up to and including report
+``k``. The window ``START:STOP`` (as a Python slice: steps ``START .. STOP - 1``) starts a trace
+with ``jax.profiler.start_trace`` when report ``START - 1`` returns (at the very start when
+``START`` is 0) and stops it when report ``STOP - 1`` returns. Each traced step is wrapped in
+``jax.profiler.StepTraceAnnotation("train", step_num=k)`` (XProf's step markers) and each report
+in a ``TraceAnnotation("ray.train.report")``, so time spent waiting for the other ranks shows.
+
+Every worker also keeps, for all its steps, how long it worked before reporting (``busy_s``) and
+how long ``ray.train.report`` blocked (``report_s``), and every XLA compilation JAX made (from
+``jax.monitoring``'s ``/jax/core/compile/backend_compile_duration`` events, with the function
+name). It writes them to ``steps.json`` beside its trace.
+
+Where traces go: ``<run storage>/profile/rank<RRR>-<slice>-w<worker id>/`` (the run's
+``ray.train.get_context().get_storage()`` directory, local or ``gs://``), one folder per rank,
+each an XProf/TensorBoard log dir (``plugins/profile/<session>/<host>.xplane.pb``). The trace is
+written locally first and copied with the storage's own ``pyarrow`` file system, as Ray Train
+does for checkpoints.
+
+The window is checked before anything starts (:func:`parse_profile_window`); a window the run
+never reached is reported after the run (:mod:`raytpu_lab.train.profile_analysis`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from raytpu_lab.errors import TrainingConfigError
+
+__all__ = ["ProfileWindow", "parse_profile_window", "with_profiler", "PROFILE_DIR", "STEPS_FILE",
+           "STEP_ANNOTATION", "REPORT_ANNOTATION", "MAX_KEPT_STEPS"]
+
+PROFILE_DIR = "profile"
+"""Folder, inside the run's storage directory, holding one trace folder per rank."""
+STEPS_FILE = "steps.json"
+"""Per-rank step timings and compilation log, beside the rank's trace."""
+STEP_ANNOTATION = "train"
+"""Name of the ``StepTraceAnnotation`` around each traced step."""
+REPORT_ANNOTATION = "ray.train.report"
+"""Name of the ``TraceAnnotation`` around each report (waiting for the other ranks)."""
+MAX_KEPT_STEPS = 100_000
+"""Step timings kept per rank (later steps are counted, not kept)."""
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@dataclass(frozen=True)
+class ProfileWindow:
+    """Steps ``start .. stop - 1`` to trace (``stop`` excluded, as in a Python slice)."""
+
+    start: int
+    stop: int
+
+    def __str__(self) -> str:
+        return f"{self.start}:{self.stop}"
+
+    @property
+    def num_steps(self) -> int:
+        """How many steps the window covers."""
+        return self.stop - self.start
+
+
+def parse_profile_window(value: str | tuple[int, int] | ProfileWindow) -> ProfileWindow:
+    """``"START:STOP"`` or ``(start, stop)`` -> :class:`ProfileWindow`.
+
+    Raises:
+        TrainingConfigError: Not two integers, a negative start, or ``stop <= start``; raised
+            before anything is asked of Ray.
+    """
+    if isinstance(value, ProfileWindow):
+        value = (value.start, value.stop)
+    fix = "Pass --profile START:STOP (API: profile=(start, stop)) with 0 <= START < STOP, e.g. 5:8."
+    why = ("A step is one ray.train.report call of a worker, counted from 0; the trace covers "
+           "steps START to STOP - 1.")
+    if isinstance(value, str):
+        parts = value.strip().split(":")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            start, stop = int(parts[0]), int(parts[1])
+        except ValueError:
+            raise TrainingConfigError(f"--profile {value!r} is not START:STOP.", why=why,
+                                      fix=fix) from None
+    else:
+        try:
+            start, stop = value
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop)):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise TrainingConfigError(f"profile={value!r} is not a pair of integers (start, stop).",
+                                      why=why, fix=fix) from None
+    if start < 0 or stop <= start:
+        raise TrainingConfigError(
+            f"Profile window {start}:{stop} is empty or negative.",
+            why=f"{why} STOP must be above START and START at least 0.", fix=fix)
+    return ProfileWindow(start, stop)
+
+
+def with_profiler(train_fn: Callable[..., Any], window: ProfileWindow) -> Callable[..., Any]:
+    """Wrap a Ray Train per-worker function so it traces ``window`` on every worker.
+
+    The wrapper has the same signature as ``train_fn`` (``f(config)`` or ``f()``), so Ray Train
+    passes ``train_loop_config`` as before. See the module docstring for what a step is and
+    where the traces go.
+
+    Args:
+        train_fn: The user's per-worker function; it calls ``ray.train.report``.
+        window: Steps to trace.
+
+    Returns:
+        The wrapped function (picklable by Ray's cloudpickle).
+    """
+
+    @functools.wraps(train_fn)  # keeps the signature Ray Train inspects to pass the config
+    def run_profiled(*args: Any, **kwargs: Any) -> Any:
+        profiler = _StepProfiler(window)
+        try:
+            return train_fn(*args, **kwargs)
+        finally:
+            profiler.finish()
+
+    return run_profiled
+
+
+class _StepProfiler:
+    """Runs inside one Ray Train worker: counts reports, starts/stops the trace, keeps timings."""
+
+    def __init__(self, window: ProfileWindow) -> None:
+        import jax
+        import ray.train
+
+        from raytpu_lab import _ray_private
+
+        self._jax = jax
+        self.window = window
+        ctx = ray.train.get_context()
+        self.rank = ctx.get_world_rank()
+        self.storage = ctx.get_storage()
+        self.slice_name = os.environ.get("TPU_NAME", "")
+        self.worker_id = os.environ.get("TPU_WORKER_ID", "")
+        self.tag = f"rank{self.rank:03d}-{self.slice_name or socket.gethostname()}-w{self.worker_id}"
+        self.local_dir = tempfile.mkdtemp(prefix="raytpu-profile-")
+        self.step = 0
+        self.steps: list[dict[str, float]] = []
+        self.compiles: list[dict[str, Any]] = []
+        self.tracing = False
+        self.traced: list[int] = []
+        self.error: str | None = None
+        self._step_ctx: Any = None
+        self._step_start = time.perf_counter()
+        self._listener = self._on_jax_event
+        jax.monitoring.register_event_duration_secs_listener(self._listener)
+        self._undo = _ray_private.wrap_train_report(self._around_report)
+        if window.start == 0:
+            self._start_trace()
+        self._enter_step()
+
+    # -- hooks -------------------------------------------------------------------------------
+
+    def _on_jax_event(self, event: str, duration_secs: float, **kwargs: str | int) -> None:
+        if event == _COMPILE_EVENT:
+            self.compiles.append({"step": self.step, "fun_name": str(kwargs.get("fun_name", "?")),
+                                  "duration_s": duration_secs})
+
+    def _around_report(self, report: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        reported = time.perf_counter()
+        try:
+            if self.tracing:
+                with self._jax.profiler.TraceAnnotation(REPORT_ANNOTATION):
+                    return report(*args, **kwargs)
+            return report(*args, **kwargs)
+        finally:
+            done = time.perf_counter()
+            if len(self.steps) < MAX_KEPT_STEPS:
+                self.steps.append({"step": self.step, "busy_s": reported - self._step_start,
+                                   "report_s": done - reported})
+            self._exit_step()
+            self.step += 1
+            if self.step == self.window.start:
+                self._start_trace()
+            elif self.step == self.window.stop:
+                self._stop_trace()
+            self._step_start = time.perf_counter()
+            self._enter_step()
+
+    # -- trace -------------------------------------------------------------------------------
+
+    def _enter_step(self) -> None:
+        if self.tracing:
+            self._step_ctx = self._jax.profiler.StepTraceAnnotation(STEP_ANNOTATION,
+                                                                   step_num=self.step)
+            self._step_ctx.__enter__()
+            self.traced.append(self.step)
+
+    def _exit_step(self) -> None:
+        if self._step_ctx is not None:
+            self._step_ctx.__exit__(None, None, None)
+            self._step_ctx = None
+
+    def _start_trace(self) -> None:
+        try:
+            # Python tracing off: it multiplies the trace size by ~10 and XProf's op tables,
+            # step breakdown and XLA events come from the host/device tracers.
+            options = self._jax.profiler.ProfileOptions()
+            options.python_tracer_level = 0
+            self._jax.profiler.start_trace(self.local_dir, profiler_options=options)
+            self.tracing = True
+        except Exception as err:  # a profiler failure must not fail the training run
+            self.error = f"start_trace failed: {type(err).__name__}: {err}"
+
+    def _stop_trace(self) -> None:
+        if not self.tracing:
+            return
+        self._exit_step()
+        self.tracing = False
+        try:
+            self._jax.profiler.stop_trace()
+        except Exception as err:
+            self.error = f"stop_trace failed: {type(err).__name__}: {err}"
+
+    def finish(self) -> None:
+        """Stop a trace still running (run ended inside the window), write ``steps.json``, copy
+        everything to the run's storage, undo the hooks."""
+        self._stop_trace()
+        self._undo()
+        try:
+            self._jax.monitoring.unregister_event_duration_listener(self._listener)
+        except (AssertionError, ValueError):
+            pass
+        meta = {
+            "rank": self.rank, "slice_name": self.slice_name, "worker_id": self.worker_id,
+            "hostname": socket.gethostname(), "megascale_slice_id":
+                os.environ.get("MEGASCALE_SLICE_ID"), "window": [self.window.start,
+                                                                 self.window.stop],
+            "reports": self.step, "traced_steps": self.traced, "steps": self.steps,
+            "compiles": self.compiles, "error": self.error,
+        }
+        with open(os.path.join(self.local_dir, STEPS_FILE), "w") as f:
+            json.dump(meta, f)
+        try:
+            _copy_to_storage(self.local_dir, self.storage, f"{PROFILE_DIR}/{self.tag}")
+        finally:
+            shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+def _copy_to_storage(local_dir: str, storage: Any, relative: str) -> None:
+    """Copy ``local_dir`` to ``<run dir>/<relative>`` on the run's storage file system."""
+    import pyarrow.fs
+
+    destination = f"{storage.experiment_fs_path}/{relative}"
+    storage.storage_filesystem.create_dir(destination, recursive=True)
+    pyarrow.fs.copy_files(local_dir, destination,
+                          source_filesystem=pyarrow.fs.LocalFileSystem(),
+                          destination_filesystem=storage.storage_filesystem)
