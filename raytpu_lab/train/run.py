@@ -35,6 +35,7 @@ __all__ = ["RunHandle", "RunListener", "RunUpdate", "STOP_TIMEOUT_S"]
 STOP_TIMEOUT_S = 10.0
 _ABORT_GRACE_S = 4.0
 _MUTE_GRACE_S = 10.0
+_TRAIN_ACTORS = ("RayTrainWorker", "TrainController")  # Ray Train's actor class names
 _LIVE: set[RunHandle] = set()  # runs of this process not yet done (their placement groups)
 
 
@@ -105,7 +106,12 @@ class RunHandle:
         self._controller: Any = None
         self._pg_ids: list[str] = []
         self._known_pgs = set(known_pgs or ())
-        self._pids: set[str] = set()  # the workers' pids, as Ray's log batches carry them
+        self._pids: set[str] = set()
+        self._job_id: str | None
+        try:
+            self._job_id = ray.get_runtime_context().get_job_id()
+        except Exception:
+            self._job_id = None  # the workers' pids, as Ray's log batches carry them
         self._stop_requested = threading.Event()
         self._fit_done = threading.Event()
         self._done = threading.Event()
@@ -262,8 +268,7 @@ class RunHandle:
             self._fit_done.set()
 
     def _drain_loop(self) -> None:
-        mute = (_ray_private.muted_worker_logs(lambda batch: str(batch.get("pid")) in self._pids)
-                if self._mute else None)
+        mute = _ray_private.muted_worker_logs(self._is_ours) if self._mute else None
         try:
             if mute is not None:
                 mute.__enter__()
@@ -288,6 +293,15 @@ class RunHandle:
                 unmute = threading.Timer(_MUTE_GRACE_S, mute.__exit__, (None, None, None))
                 unmute.daemon = True
                 unmute.start()
+
+    def _is_ours(self, batch: dict[str, Any]) -> bool:
+        """A log batch Ray would print for this run: its workers' or controller's pids, or, since
+        a worker can print (and fail) before its placement row reaches us, any Ray Train
+        worker or controller of this job while the run lives."""
+        if str(batch.get("pid")) in self._pids:
+            return True
+        return (batch.get("job") == self._job_id
+                and str(batch.get("actor_name") or "").startswith(_TRAIN_ACTORS))
 
     def _drain_once(self) -> None:
         update = RunUpdate(elapsed_s=time.monotonic() - self._start)
