@@ -165,7 +165,7 @@ def resolve(name: str, *, namespace: str | None = None, context: str | None = No
             raise KubernetesError(f"RayCluster {name!r} reports a ready head but no head pod was found.",
                                   why="No pod with labels ray.io/node-type=head, ray.io/cluster="
                                       f"{name} in namespace {ns!r}.", fix=fix, kind="port-forward")
-        forward = PortForward(client.core, ns, pod, port)
+        forward = PortForward(client.api_client.configuration, ns, pod, port)
         local = forward.start(fix=fix)
         target.port_forward = forward
         target.address = f"ray://127.0.0.1:{local}"

@@ -4,6 +4,10 @@ Uses the official client's ``kubernetes.stream.portforward`` (a WebSocket on
 ``/api/v1/namespaces/{ns}/pods/{pod}/portforward``, needs RBAC ``create`` on ``pods/portforward``).
 One listening socket on ``127.0.0.1``; each accepted connection gets its own forwarding stream,
 because one stream carries one connection (Ray Client opens a few).
+
+Each stream is opened through its own ``ApiClient``: ``kubernetes.stream.portforward`` swaps the
+client's ``call_api`` while it connects, so a shared client would send other threads' plain API
+calls (e.g. the map's refresh) down the WebSocket path.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ class PortForward:
     """``127.0.0.1:<local_port>`` -> ``<pod>:<remote_port>``, until :meth:`close`.
 
     Args:
-        core_api: A ``kubernetes.client.CoreV1Api``.
+        configuration: The ``kubernetes.client.Configuration`` to connect with.
         namespace: The pod's namespace.
         pod: The pod's name (the Ray head pod).
         remote_port: The port in the pod, e.g. 10001 (Ray Client).
@@ -40,8 +44,8 @@ class PortForward:
         local_port: The local port (chosen by the OS) once :meth:`start` returned.
     """
 
-    def __init__(self, core_api: Any, namespace: str, pod: str, remote_port: int) -> None:
-        self.core_api = core_api
+    def __init__(self, configuration: Any, namespace: str, pod: str, remote_port: int) -> None:
+        self.configuration = configuration
         self.namespace = namespace
         self.pod = pod
         self.remote_port = remote_port
@@ -51,9 +55,11 @@ class PortForward:
         self._streams: list[Any] = []
 
     def _open_stream(self) -> Any:
+        from kubernetes import client
         from kubernetes.stream import portforward
 
-        return portforward(self.core_api.connect_get_namespaced_pod_portforward, self.pod,
+        core = client.CoreV1Api(client.ApiClient(self.configuration))  # one per stream, see above
+        return portforward(core.connect_get_namespaced_pod_portforward, self.pod,
                            self.namespace, ports=str(self.remote_port))
 
     def start(self, *, check: bool = True, fix: str = "") -> int:

@@ -417,6 +417,24 @@ def test_library_port_forward_relays_through_the_standin(standin: KubeStandIn, k
             for t in threads:
                 t.join(30)
             assert results == [big] * 3  # one stream per connection, in parallel
+            # Plain API calls from another thread (the map's refresh) while streams open: the
+            # client's portforward swaps call_api during setup, so streams need their own client.
+            errors: list[BaseException] = []
+
+            def refresh() -> None:
+                for _ in range(30):
+                    try:
+                        target.client.get_raycluster("tpu-lab")
+                        target.client.list_pods("tpu-lab")
+                    except BaseException as err:  # noqa: BLE001 - collected for the assert
+                        errors.append(err)
+
+            poller = threading.Thread(target=refresh)
+            poller.start()
+            for _ in range(8):
+                assert _roundtrip(local, b"ping") == b"ping"
+            poller.join(30)
+            assert errors == []
         finally:
             target.close()
     with pytest.raises(OSError):
