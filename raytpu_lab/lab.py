@@ -147,7 +147,7 @@ class Lab:
         found = [c for c in emulator.running() if c.address == address]
         if found:
             _ray_private.enable_token_auth()  # emulated clusters run with Ray token auth
-        connect(address, timeout_s=timeout_s)
+        connect(address, timeout_s=timeout_s, ship_package=not found)
         self.address = address
         self.cluster = found[0] if found else None
 

@@ -11,6 +11,8 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -69,13 +71,17 @@ def probe(address: str, *, timeout_s: float = 15.0) -> None:
         address=address, timeout_s=timeout_s)
 
 
-def connect(address: str, *, timeout_s: float = 15.0, namespace: str = "raytpu") -> None:
+def connect(address: str, *, timeout_s: float = 15.0, namespace: str = "raytpu",
+            ship_package: bool = False) -> None:
     """Connect this process to the Ray cluster at ``address``, replacing any earlier connection.
 
     Args:
         address: GCS address ``HOST:PORT`` or Ray Client address ``ray://HOST:PORT``.
         timeout_s: Seconds to wait for the address to answer.
         namespace: Ray namespace for named actors and detached placement groups.
+        ship_package: Ship this raytpu_lab to every worker of the job (Ray's ``runtime_env``
+            ``py_modules``, see :func:`job_runtime_env`): Ray Train workers run our report and
+            log taps, which a cluster image (e.g. on GKE) need not have installed.
 
     Raises:
         ConnectError: Nothing accepted a connection at ``address`` within ``timeout_s`` seconds
@@ -87,13 +93,28 @@ def connect(address: str, *, timeout_s: float = 15.0, namespace: str = "raytpu")
         ray.shutdown()
     try:
         ray.init(address=address, namespace=namespace, logging_level=logging.WARNING,
-                 log_to_driver=True, configure_logging=True)
+                 log_to_driver=True, configure_logging=True,
+                 runtime_env=job_runtime_env(ship_package))
     except Exception as err:  # Ray raises several unrelated types here; all mean "not connected"
         raise ConnectError(
             f"Ray could not connect to {address}.",
             why=f"{type(err).__name__}: {err}",
             fix="Make sure the notebook's Ray and Python versions match the cluster's.",
             address=address, timeout_s=timeout_s) from err
+
+
+def job_runtime_env(ship_package: bool) -> dict[str, Any] | None:
+    """The job's ``runtime_env``: with ``ship_package``, ``{"py_modules": [<raytpu_lab dir>]}``.
+
+    Ray uploads the package once per job and puts it on every worker's path
+    (https://docs.ray.io/en/latest/ray-core/handling-dependencies.html, ``py_modules``). Emulated
+    clusters run from this machine's environment and need nothing.
+    """
+    if not ship_package:
+        return None
+    import raytpu_lab
+
+    return {"py_modules": [str(Path(raytpu_lab.__file__).parent)]}
 
 
 def disconnect() -> None:
