@@ -37,7 +37,7 @@ def test_reservations_notebook_reserves_runs_on_every_host_and_releases(monkeypa
         by_source = {c.source.splitlines()[0]: c for c in code}
         assert "Reserved 'r1': tpu-v4-2x2x2-" in _text(by_source["%raytpu reserve 2x2x2 --version v4 --name r1"])
         assert "r1: v4-16 2x2x2" in _text(by_source["%raytpu reservations --all"])
-        first = _text(by_source["%%raytpu run --on r1"])
+        first = _text(next(c for c in code if c.source.startswith("%%raytpu run --on r1")))
         assert "process 0 of 2 - 8 devices" in first and "process 1 of 2 - 8 devices" in first
         assert "[0, 1]" in first
         psum = [c for c in code if "psum" in c.source][0]
