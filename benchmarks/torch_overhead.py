@@ -10,7 +10,8 @@ backend wants torch_tpu on TPU workers, see :mod:`raytpu_lab.train.torch_backend
 chart, report streaming, placement and XLA-metrics reports, snapshot polling).
 
 Steps/s is measured inside rank 0's loop (after ``--warmup`` steps, so compiles and worker start
-are excluded) and reported in its last report. Both runs use the same
+are excluded), reported in its last report and written to a file (Ray Train v2's ``Result`` keeps
+no metrics without a checkpoint, so the plain side reads the file; the magic side checks both). Both runs use the same
 ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` (how long ``ray.train.report`` may block). Prints each
 round, the medians and, as the last line, ``RESULT {json}`` with ``steps_per_s_ratio_median``
 (magic / plain, per round). Run it under the CPU lock:
@@ -62,6 +63,9 @@ def train_loop_per_worker(config):
             if step + 1 == config["steps"]:
                 metrics["loop_steps_per_s"] = (step + 1 - config["warmup"]) / (
                     time.perf_counter() - t_start)
+                if rank == 0:  # Ray Train v2 keeps no metrics without checkpoints: leave a file
+                    with open(config["out"], "w") as f:
+                        f.write(str(metrics["loop_steps_per_s"]))
             ray.train.report(metrics)
 '''
 
@@ -77,7 +81,9 @@ def main() -> None:
     # The launcher sets it when unset; set it for both sides so reports block equally long.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     storage = tempfile.mkdtemp(prefix="raytpu-torch-bench-")
-    config = {"steps": args.steps, "warmup": args.warmup, "report_every": args.report_every}
+    out = os.path.join(storage, "loop_steps_per_s")
+    config = {"steps": args.steps, "warmup": args.warmup, "report_every": args.report_every,
+              "out": out}
 
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
@@ -102,7 +108,9 @@ def main() -> None:
                                              accelerator_type="TPU-V5P", num_workers=8,
                                              resources_per_worker={"TPU": 1}),
                 run_config=RunConfig(name=f"plain{i}", storage_path=storage))
-            return float(trainer.fit().metrics["loop_steps_per_s"])
+            trainer.fit()
+            with open(out) as f:
+                return float(f.read())
 
         def magic(i: int) -> float:
             line = (f"%%raytpu torch --topology 2x2x2 --version v5p --name magic{i} "
@@ -111,7 +119,10 @@ def main() -> None:
                 result = shell.run_cell(f"{line}\n{TRAIN_FN}", store_history=False)
             if result.error_in_exec is not None:
                 raise RuntimeError(out.stdout + out.stderr)
-            return float(shell.user_ns["last_run"].final_metrics["loop_steps_per_s"])
+            with open(out) as f:
+                measured = float(f.read())
+            assert measured == shell.user_ns["last_run"].final_metrics["loop_steps_per_s"]
+            return measured
 
         plain_sps, magic_sps, ratios, walls = [], [], [], {"plain": [], "magic": []}
         for i in range(args.rounds):
