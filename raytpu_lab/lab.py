@@ -77,6 +77,7 @@ class Lab:
         self._map: TopologyMap | None = None
         self.kuberay: KubeRayTarget | None = None
         self._sessions: dict[str, SliceSession] = {}  # reservation name -> its host processes
+        self._started: emulator.EmulatedCluster | None = None  # what `up` started, until `down`
 
     # -- cluster ---------------------------------------------------------------------------
 
@@ -133,6 +134,7 @@ class Lab:
             cluster.down()
             raise
         self.cluster = cluster
+        self._started = cluster
         return cluster
 
     def connect(self, address: str, *, timeout_s: float = 15.0) -> None:
@@ -154,8 +156,9 @@ class Lab:
     def down(self) -> str | None:
         """Release this session's reservations, disconnect, and stop the emulated cluster.
 
-        Stops the cluster this session started, else the default-named one if it runs.
-        Idempotent.
+        Stops the cluster this session started (also after connecting elsewhere, e.g.
+        :meth:`connect_kuberay` through a port-forward), else the default-named one if it runs,
+        unless connected to KubeRay. Idempotent.
 
         Returns:
             The name of the emulated cluster stopped, or ``None`` if none was running.
@@ -164,8 +167,12 @@ class Lab:
         for res in list(self._reservations.values()):
             res.release()
         self._reservations.clear()
-        # Connected to KubeRay: stop nothing local (a default emulated cluster is not ours).
-        cluster = self.cluster or (None if self.kuberay is not None else emulator.find())
+        # Connected to KubeRay: stop nothing local but what this session started (a default
+        # emulated cluster is not ours).
+        started, self._started = self._started, None
+        cluster = self.cluster or started or (None if self.kuberay is not None else emulator.find())
+        if started is not None and cluster is not started and started.is_running():
+            started.down()  # connected elsewhere since `up`: still ours to stop
         self._drop_kuberay()
         self.refresher.stop()
         if self._map is not None:

@@ -479,3 +479,26 @@ def test_down_while_on_kuberay_stops_no_local_emulator(monkeypatch: pytest.Monke
     assert stopped == [] and closed == [True] and lab.kuberay is None
     assert lab.down() == "raytpu"  # without KubeRay, down still stops the default emulator
     assert stopped == ["raytpu"]
+
+
+def test_down_stops_what_up_started_even_after_connecting_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raytpu_lab.cluster import emulator
+    from raytpu_lab.lab import Lab
+
+    stopped: list[str] = []
+
+    class _Started:
+        name = "tpu-lab"
+
+        def is_running(self) -> bool:
+            return True
+
+        def down(self) -> None:
+            stopped.append(self.name)
+
+    monkeypatch.setattr(emulator, "find", lambda name=emulator.DEFAULT_NAME: None)
+    lab = Lab()
+    lab._started = _Started()  # type: ignore[assignment]  # as after lab.up(manifest=...)
+    lab.cluster = None  # connect_kuberay through a port-forward: the address is not the emulator's
+    assert lab.down() == "tpu-lab" and stopped == ["tpu-lab"]
+    assert lab.down() is None and stopped == ["tpu-lab"]  # idempotent
