@@ -472,8 +472,14 @@ def _replica_indices(shapes: list[tuple[SliceShape, int]], shape: SliceShape, co
     return range(before, before + count)
 
 
+_FOLDER_ENV = "RAYTPU_EMULATED_CLUSTER"
+"""Set to the cluster's folder in every process of an emulated node: Ray's daemons rename
+themselves (``ray::DashboardAgent``) and can outlive their process group, so the stray sweep finds
+them by this variable rather than by command line."""
+
+
 def _start_node(folder: Path, label: str, env: dict[str, str], args: list[str]) -> subprocess.Popen[bytes]:
-    env = {**env, **AUTH_ENV}
+    env = {**env, **AUTH_ENV, _FOLDER_ENV: str(folder)}
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # A fresh process group per node, so `down` can signal the node and all its daemons at once.
     log = open(folder / "logs" / f"{label}.log", "wb")  # noqa: SIM115 - owned by the child
@@ -551,7 +557,8 @@ def _wait_gone(pid: int, timeout_s: float) -> None:
 def _kill_strays(folder: str) -> None:
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if any(folder in part for part in proc.info["cmdline"] or []):
+            if any(folder in part for part in proc.info["cmdline"] or []) \
+                    or proc.environ().get(_FOLDER_ENV) == folder:
                 proc.kill()
         except psutil.Error:
             pass

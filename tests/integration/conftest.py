@@ -26,7 +26,8 @@ def cluster() -> Iterator[emulator.EmulatedCluster]:
     stale = emulator.find(CLUSTER_NAME)
     if stale is not None:
         stale.down()
-    c = emulator.up(SPECS, name=CLUSTER_NAME)
+    # 18 hosts: generous, so a busy machine (Ray's fixed 30 s registration window) still makes it.
+    c = emulator.up(SPECS, name=CLUSTER_NAME, timeout_s=420)
     try:
         yield c
     finally:
