@@ -146,7 +146,8 @@ class Lab:
         probe(address, timeout_s=timeout_s)  # fail before dropping the current connection
         self._forget_reservations()
         self._drop_kuberay()
-        found = [c for c in emulator.running() if c.address == address]
+        found = [c for c in emulator.running()
+                 if address in (c.address, f"ray://127.0.0.1:{c.client_port}")]
         if found:
             _ray_private.enable_token_auth()  # emulated clusters run with Ray token auth
         connect(address, timeout_s=timeout_s, ship_package=not found)

@@ -38,6 +38,10 @@ def fetch_raw_state() -> dict[str, Any]:
 
     Uses ``ray.nodes()`` and ``ray.util.placement_group_table()`` (public) and Ray's per-node
     available resources (private; see :mod:`raytpu_lab._ray_private`). About 5 ms for 9 nodes.
+    Over Ray Client (``ray://``; e.g. ``connect --kuberay`` through a port-forward) the per-node
+    availability needs a direct GCS connection, so the same read runs inside the cluster as a
+    zero-CPU task on the head node (raytpu_lab reaches the workers through the job's
+    ``runtime_env``; see :func:`raytpu_lab.cluster.connect.job_runtime_env`).
 
     Returns:
         The raw state described in this module's docstring.
@@ -45,6 +49,17 @@ def fetch_raw_state() -> dict[str, Any]:
     Raises:
         ray.exceptions.RaySystemError: Ray is not initialised (callers check first).
     """
+    if ray.util.client.ray.is_connected():
+        return ray.get(_read_in_cluster.remote())  # type: ignore[no-any-return]
+    return _read_here()
+
+
+@ray.remote(num_cpus=0, resources={"node:__internal_head__": 0.001})
+def _read_in_cluster() -> dict[str, Any]:
+    return _read_here()
+
+
+def _read_here() -> dict[str, Any]:
     available = _ray_private.available_resources_per_node()
     nodes = []
     for node in ray.nodes():
