@@ -26,6 +26,7 @@ import ast
 import contextlib
 import ctypes
 import io
+import os
 import socket
 import threading
 import time
@@ -37,6 +38,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from raytpu_lab import _ray_private
 from raytpu_lab.errors import RemoteHostError, ReservationError
 from raytpu_lab.reserve import Reservation
 from raytpu_lab.state.fetch import fetch_raw_state
@@ -123,7 +125,8 @@ class _HostProcess:
 
     def where(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address()}
+        return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid()}
 
     def coordinator_address(self) -> str:
         with socket.socket() as s:  # a free port; freed again for JAX's coordinator to bind
@@ -234,6 +237,7 @@ class SliceSession:
     hosts: list[HostSlot] = field(default_factory=list)
     jax_info: list[dict[str, Any]] = field(default_factory=list)
     _actors: list[Any] = field(default_factory=list, repr=False)
+    _mute: Any = field(default=None, repr=False)
 
     @property
     def started(self) -> bool:
@@ -270,6 +274,11 @@ class SliceSession:
             where = self._get([a.where.remote() for a in self._actors], "start")
             for slot, seen in zip(self.hosts, where, strict=True):
                 assert seen["node_id"] == slot.node_id, "a host process landed off its bundle's host"
+            # Cells' output comes back grouped per host; Ray's driver copy of these processes'
+            # logs (their prints again, gloo/JAX chatter) would flood whichever cell is running.
+            pids = {str(seen["pid"]) for seen in where}
+            self._mute = _ray_private.muted_worker_logs(lambda batch: str(batch.get("pid")) in pids)
+            self._mute.__enter__()
             if self.init_jax:
                 coordinator = self._get([self._actors[0].coordinator_address.remote()], "start")[0]
                 self.jax_info = self._get(
@@ -314,6 +323,9 @@ class SliceSession:
             with contextlib.suppress(Exception):  # already dead, or the cluster is gone
                 ray.kill(a)
         self.jax_info = []
+        mute, self._mute = self._mute, None
+        if mute is not None:
+            mute.__exit__(None, None, None)
 
     # -- helpers -------------------------------------------------------------------------
 
