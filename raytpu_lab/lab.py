@@ -871,6 +871,18 @@ class Lab:
             if name not in self._reservations:
                 return name
 
+    def _at_exit(self) -> None:
+        """Kernel exit or restart: release this session's reservations and stop the emulated
+        cluster this session started with :meth:`up` (about 280 MB per host would otherwise stay;
+        a cluster started from a shell with ``raytpu up`` is left running)."""
+        self._forget_reservations()
+        started, self._started = self._started, None
+        if started is not None:
+            try:
+                disconnect()
+            finally:
+                started.down()
+
     def _forget_reservations(self) -> None:
         self._close_sessions()
         for res in list(self._reservations.values()):
@@ -897,5 +909,5 @@ def get_lab() -> Lab:
     global _LAB
     if _LAB is None:
         _LAB = Lab()
-        atexit.register(_LAB._forget_reservations)
+        atexit.register(_LAB._at_exit)
     return _LAB

@@ -13,6 +13,7 @@ import ast
 import asyncio
 import shlex
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
@@ -23,7 +24,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from raytpu_lab.cluster.emulator import DEFAULT_NAME
-from raytpu_lab.errors import RaytpuError, RemoteHostError, TrainingConfigError
+from raytpu_lab.errors import RaytpuError, RemoteHostError, ReservationError, TrainingConfigError
 from raytpu_lab.lab import get_lab
 from raytpu_lab.train.run import RunHandle
 from raytpu_lab.widgets.profile_view import ProfileView
@@ -34,6 +35,10 @@ __all__ = ["RaytpuMagics", "WatchedRun", "build_parser"]
 
 class _HelpShown(Exception):
     """``--help`` printed its text; nothing else to do."""
+
+
+class DebugTraceback(Exception):
+    """``--debug``: raised from a :class:`RaytpuError` so IPython prints the full traceback."""
 
 
 class _Brief(Exception):
@@ -390,8 +395,9 @@ class RaytpuMagics(Magics):
         fn = self._training_function(cell, args.fn)
         config = self._config(args.config)
         lab = get_lab()
-        return self._watch_run(args, args.name or fn.__name__, lambda **kw: lab.start_jax(
-            fn, args.topology, args.version, slices=args.slices, name=args.name, config=config,
+        name = args.name or _run_name(fn)  # one name for the dashboard, Ray Train and storage
+        return self._watch_run(args, name, lambda **kw: lab.start_jax(
+            fn, args.topology, args.version, slices=args.slices, name=name, config=config,
             storage_path=args.storage, mute_driver_logs=True, reservation=args.reservation,
             profile=args.profile, **kw))
 
@@ -454,6 +460,13 @@ class RaytpuMagics(Magics):
         """``--reservation NAME`` fills ``--topology/--version/--slices`` from the reservation."""
         if args.reservation:
             res = {r.name: r for r in get_lab().reservations()}.get(args.reservation)
+            if res is None:
+                held = ", ".join(r.name for r in get_lab().reservations()) or "none"
+                raise ReservationError(
+                    f"No reservation named {args.reservation!r} in this session.",
+                    why=f"Reservations held: {held}.",
+                    fix="Reserve it first (%raytpu reserve ...), or attach a detached one "
+                        "(%raytpu attach NAME).")
             if res is not None:
                 args.topology = args.topology or res.shape.topology
                 args.version = args.version or res.shape.version
@@ -469,8 +482,9 @@ class RaytpuMagics(Magics):
         fn = self._training_function(cell, args.fn)
         config = self._config(args.config)
         lab = get_lab()
-        return self._watch_run(args, args.name or fn.__name__, lambda **kw: lab.start_torch(
-            fn, args.topology, args.version, slices=args.slices, name=args.name, config=config,
+        name = args.name or _run_name(fn)
+        return self._watch_run(args, name, lambda **kw: lab.start_torch(
+            fn, args.topology, args.version, slices=args.slices, name=name, config=config,
             backend=args.backend, chips_per_worker=args.chips_per_worker,
             storage_path=args.storage, mute_driver_logs=True, **kw))
 
@@ -611,8 +625,8 @@ def _current_shell() -> Any:
 def _brief_errors(args: argparse.Namespace, err: BaseException) -> NoReturn:
     """Re-raise ``err`` as users should see it: one short block unless ``--debug``."""
     if isinstance(err, RaytpuError):
-        if args.debug:
-            raise err
+        if args.debug:  # RaytpuError renders as a short block; chain it so IPython shows frames
+            raise DebugTraceback(f"{type(err).__name__}: {err.what} (traceback above)") from err
         err.__cause__ = err.__context__ = None
         # shown by IPython through RaytpuError._render_traceback_: one short block
         raise err.with_traceback(None) from None
@@ -629,6 +643,11 @@ async def _with_brief_errors(args: argparse.Namespace, coro: Coroutine[Any, Any,
         return await coro
     except BaseException as err:
         _brief_errors(args, err)
+
+
+def _run_name(fn: Callable[..., Any]) -> str:
+    """Default run name: the function's name and the time, e.g. ``train_loop_per_worker-165053``."""
+    return f"{fn.__name__}-{time.strftime('%H%M%S')}"
 
 
 def _n(count: int, noun: str) -> str:
