@@ -324,8 +324,10 @@ class SliceSession:
                 ray.kill(a)
         self.jax_info = []
         mute, self._mute = self._mute, None
-        if mute is not None:
-            mute.__exit__(None, None, None)
+        if mute is not None:  # the dying processes' last words (JAX's coordination errors)
+            unmute = threading.Timer(10.0, mute.__exit__, (None, None, None))  # arrive late
+            unmute.daemon = True
+            unmute.start()
 
     # -- helpers -------------------------------------------------------------------------
 
