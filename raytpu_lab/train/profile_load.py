@@ -12,9 +12,11 @@ Remote storage (``gs://...``) is copied to a local temporary folder first with `
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +33,13 @@ def xprof_tool(xplane_files: list[str], tool: str) -> Any:
     Raises:
         ImportError: ``xprof`` is not installed (``pip install xprof``).
     """
+    # XProf's C++ side logs ~100 INFO/WARNING lines per conversion straight to fd 2, which a
+    # notebook shows in the cell; its level is read once, at import.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from xprof.convert import raw_to_tool_data
 
-    data = raw_to_tool_data.xspace_to_tool_data(xplane_files, tool, {})
+    with _quiet_fd2():
+        data = raw_to_tool_data.xspace_to_tool_data(xplane_files, tool, {})
     raw = data[0] if isinstance(data, tuple) else data
     if not raw:
         return {}
@@ -81,3 +87,20 @@ def _download(uri: str) -> Path:
     pyarrow.fs.copy_files(path, os.fspath(target), source_filesystem=fs,
                           destination_filesystem=pyarrow.fs.LocalFileSystem())
     return target
+
+
+@contextlib.contextmanager
+def _quiet_fd2() -> Iterator[None]:
+    """Send fd 2 (C++ logging) to /dev/null for the block; Python's ``sys.stderr`` is untouched."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
