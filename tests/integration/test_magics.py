@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import IPython
 import psutil
 import pytest
 from IPython.testing.globalipapp import start_ipython
@@ -43,7 +44,7 @@ def train_loop_per_worker(config):
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = start_ipython()
+    shell = start_ipython() or IPython.get_ipython()  # None if another module started it
     shell.run_line_magic("load_ext", "raytpu_lab")
     return shell
 

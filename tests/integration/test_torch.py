@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 
+import IPython
 import pytest
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
@@ -53,7 +54,7 @@ def train_loop_per_worker(config):
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = start_ipython()
+    shell = start_ipython() or IPython.get_ipython()  # None if another module started it
     shell.run_line_magic("load_ext", "raytpu_lab")
     return shell
 
