@@ -115,10 +115,10 @@ def main() -> None:
         def magic(i: int) -> float:
             line = (f"%%raytpu torch --topology 2x2x2 --version v5p --name magic{i} "
                     f"--storage {storage} --config \"{config!r}\"")
-            with capture_output() as out:
+            with capture_output() as captured:
                 result = shell.run_cell(f"{line}\n{TRAIN_FN}", store_history=False)
             if result.error_in_exec is not None:
-                raise RuntimeError(out.stdout + out.stderr)
+                raise RuntimeError(captured.stdout + captured.stderr)
             with open(out) as f:
                 measured = float(f.read())
             assert measured == shell.user_ns["last_run"].final_metrics["loop_steps_per_s"]
