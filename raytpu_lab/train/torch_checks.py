@@ -19,6 +19,7 @@ from typing import Any
 
 from raytpu_lab.errors import TrainingConfigError
 from raytpu_lab.tpu.topology import SliceShape
+from raytpu_lab.train.worker_tap import accepts_config
 
 __all__ = [
     "BACKENDS", "TORCH_EXTRA", "check_backend", "check_torch_versions", "installed_versions",
@@ -112,28 +113,20 @@ def workers_per_run(shape: SliceShape, num_slices: int, chips_per_worker: int = 
 
 
 def takes_config(fn: Callable[..., Any]) -> bool:
-    """Whether Ray Train will call ``fn(config)`` (True) or ``fn()`` (False).
+    """Whether ``fn`` can be given the config: ``fn(config)`` (True) or only ``fn()`` (False).
 
-    Ray Train accepts a per-worker function of zero or one positional argument.
+    Refuses what Ray Train refuses, by the same rule as every run
+    (:func:`raytpu_lab.train.worker_tap.accepts_config`); a config parameter with a default, or
+    ``*args``, still gets the config here.
 
     Raises:
         TrainingConfigError: ``fn`` is not callable, or needs more than one argument, or only
             keyword arguments.
     """
-    if not callable(fn):
-        raise TrainingConfigError(f"{fn!r} is not a function.",
-                                  fix="Pass the per-worker training function, f(config).")
+    accepts_config(fn)
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return True
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = [p for p in params if p.default is p.empty
-                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    name = getattr(fn, "__name__", "the function")
-    if len(required) > 1 or any(p.kind == p.KEYWORD_ONLY for p in required):
-        raise TrainingConfigError(
-            f"{name}{inspect.signature(fn)} cannot be the per-worker training function.",
-            why="Ray Train calls it as f(config) or f(): one positional argument at most.",
-            fix=f"Define it as def {name}(config): ... and read settings from config.")
     return bool(positional) or any(p.kind == p.VAR_POSITIONAL for p in params)

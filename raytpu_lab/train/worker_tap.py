@@ -63,9 +63,8 @@ def accepts_config(fn: Callable[..., Any]) -> bool:
     if len(required) > 1 or (required and required[0].kind is inspect.Parameter.KEYWORD_ONLY):
         shown = ", ".join(p.name for p in required)
         raise TrainingConfigError(
-            f"{name}({shown}) cannot be a per-worker training function.",
-            why="Ray Train calls it with one positional argument (the train_loop_config dict) "
-                "or none.",
+            f"{name}({shown}) cannot be the per-worker training function.",
+            why="Ray Train calls it as f(config) (the train_loop_config dict) or f().",
             fix=f"Define it as def {name}(config): ... or def {name}(): ...")
     return bool(required)
 
