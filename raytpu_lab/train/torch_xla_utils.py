@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -71,7 +72,6 @@ def sync_gradients(model: Any) -> None:
     ``all_reduce`` per gradient. On ``gloo``: one flattened host copy, ``all_reduce``, copy back.
     A no-op with one worker.
     """
-    import torch
 
     dist, world = _world()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -83,14 +83,11 @@ def sync_gradients(model: Any) -> None:
 
         xm.all_reduce(xm.REDUCE_SUM, grads, scale=1.0 / world)
     elif _through_host(dist):
-        flat = torch.cat([g.detach().reshape(-1) for g in grads]).cpu()
-        dist.all_reduce(flat)
-        flat /= world
-        back = flat.to(grads[0].device)
-        offset = 0
-        for g in grads:
-            g.copy_(back[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        def mean(flat: Any) -> None:
+            dist.all_reduce(flat)
+            flat /= world
+
+        _on_host([g.detach() for g in grads], mean)
     else:
         for g in grads:
             dist.all_reduce(g)
@@ -99,20 +96,13 @@ def sync_gradients(model: Any) -> None:
 
 def broadcast_parameters(model: Any, src: int = 0) -> None:
     """Give every rank rank ``src``'s parameters (call once, after moving the model to the device)."""
-    import torch
 
     dist, world = _world()
     if world == 1:
         return
     params = [p.data for p in model.parameters()]
     if _through_host(dist):
-        flat = torch.cat([p.reshape(-1) for p in params]).cpu()
-        dist.broadcast(flat, src)
-        back = flat.to(params[0].device)
-        offset = 0
-        for p in params:
-            p.copy_(back[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        _on_host(params, lambda flat: dist.broadcast(flat, src))
     else:
         for p in params:
             dist.broadcast(p, src)
@@ -191,3 +181,15 @@ def placement() -> dict[str, Any]:
 def _reset() -> None:
     """Forget the previous run's per-step compile counts (workers may be reused)."""
     _compiles_per_step.clear()
+
+
+def _on_host(tensors: list[Any], collective: Callable[[Any], Any]) -> None:
+    """Run ``collective`` on one flat CPU copy of ``tensors`` (gloo takes no XLA tensors), then
+    write the result back into them in place."""
+    import torch
+
+    flat = torch.cat([t.reshape(-1) for t in tensors]).cpu()
+    collective(flat)
+    back = flat.to(tensors[0].device)
+    for t, value in zip(tensors, torch.split(back, [t.numel() for t in tensors]), strict=True):
+        t.copy_(value.view_as(t))
