@@ -155,14 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "and --out holds the run: last_run.wait(), last_run.stop(), last_run.result.")
     jax.add_argument("--topology", help="slice topology, e.g. 4x4 (required without --reservation)")
     jax.add_argument("--version", help="accelerator version, e.g. v6e (required without --reservation)")
-    jax.add_argument("--slices", type=int, default=1, help="slices (default 1)")
-    jax.add_argument("--name", help="run name")
-    jax.add_argument("--fn", help="function to run if the cell defines several")
-    jax.add_argument("--config", help="Python expression for train_loop_config, e.g. \"{'steps': 100}\"")
-    jax.add_argument("--out", default="last_run", help="variable for the result (default last_run)")
-    jax.add_argument("--storage", help="Ray Train storage path")
-    jax.add_argument("--background", action="store_true",
-                     help="return at once; other cells run while the dashboard streams")
+    _run_options(jax)
     jax.add_argument("--reservation", metavar="NAME",
                      help="run on exactly this reservation's slices, or fail (it gets them back after)")
     jax.add_argument("--profile", metavar="START:STOP",
@@ -183,19 +176,25 @@ def build_parser() -> argparse.ArgumentParser:
                     "Stop). Needs pip install 'raytpu_lab[torch]'.")
     torch.add_argument("--topology", required=True, help="slice topology, e.g. 2x2x2")
     torch.add_argument("--version", required=True, help="accelerator version, e.g. v5p")
-    torch.add_argument("--slices", type=int, default=1, help="slices (default 1)")
-    torch.add_argument("--name", help="run name")
     torch.add_argument("--backend", choices=["xla", "tpu_dist", "gloo"],
                        help="process group on TPUs (default xla; the emulator runs gloo)")
     torch.add_argument("--chips-per-worker", type=int, default=1,
                        help="TPU chips per worker (default 1: one worker per chip)")
-    torch.add_argument("--fn", help="function to run if the cell defines several")
-    torch.add_argument("--config", help="Python expression for train_loop_config, e.g. \"{'steps': 100}\"")
-    torch.add_argument("--out", default="last_run", help="variable for the result (default last_run)")
-    torch.add_argument("--storage", help="Ray Train storage path")
-    torch.add_argument("--background", action="store_true",
-                       help="return at once; other cells run while the dashboard streams")
+    _run_options(torch)
     return parser
+
+
+def _run_options(parser: argparse.ArgumentParser) -> None:
+    """The options every training cell magic (jax, torch) shares."""
+    parser.add_argument("--slices", type=int, default=1, help="slices (default 1)")
+    parser.add_argument("--name", help="run name (default <function>-<HHMMSS>)")
+    parser.add_argument("--fn", help="function to run if the cell defines several")
+    parser.add_argument("--config",
+                        help="Python expression for train_loop_config, e.g. \"{'steps': 100}\"")
+    parser.add_argument("--out", default="last_run", help="variable for the result (default last_run)")
+    parser.add_argument("--storage", help="Ray Train storage path")
+    parser.add_argument("--background", action="store_true",
+                        help="return at once; other cells run while the dashboard streams")
 
 
 def _kube_options(parser: argparse.ArgumentParser) -> None:
