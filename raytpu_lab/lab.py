@@ -489,11 +489,7 @@ class Lab:
         shape = SliceShape.of(version, topology)
         _require_positive("slices", slices)
         window = parse_profile_window(profile) if profile is not None else None
-        if config is not None and not isinstance(config, dict):
-            raise TrainingConfigError(
-                f"The training config is a {type(config).__name__}, not a dict.",
-                why="Ray Train passes train_loop_config to the function as a dict.",
-                fix="Pass a dict, e.g. --config \"{'steps': 100}\".")
+        _require_config_dict(config)
         accepts_config(train_fn)
         window = parse_profile_window(profile) if profile is not None else None
         run_name = name or f"jax-{time.strftime('%H%M%S')}"
@@ -782,11 +778,7 @@ class Lab:
         """
         shape = SliceShape.of(version, topology)
         _require_positive("slices", slices)
-        if config is not None and not isinstance(config, dict):
-            raise TrainingConfigError(
-                f"The training config is a {type(config).__name__}, not a dict.",
-                why="Ray Train passes train_loop_config to the function as a dict.",
-                fix="Pass a dict, e.g. --config \"{'steps': 100}\".")
+        _require_config_dict(config)
         check_torch_run(train_fn, shape, slices, chips_per_worker, backend)
         self._require_connection("launch a TorchTrainer run")
         emulated = is_emulated(self.snapshot(), shape)
@@ -889,6 +881,14 @@ class Lab:
             if not res.detached:
                 res.release()
         self._reservations.clear()
+
+
+def _require_config_dict(config: Any) -> None:
+    if config is not None and not isinstance(config, dict):
+        raise TrainingConfigError(
+            f"The training config is a {type(config).__name__}, not a dict.",
+            why="Ray Train passes train_loop_config to the function as a dict.",
+            fix="Pass a dict, e.g. --config \"{'steps': 100}\".")
 
 
 def _require_positive(option: str, value: float) -> None:
