@@ -9,6 +9,7 @@ are off and the extension manager is read-only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -24,12 +25,17 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import nbformat
 import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 KERNEL_NAME = "raytpu-browser-venv"
+CHROMIUM = "/usr/bin/chromium"  # Debian's (make browser-deps); never a downloaded browser
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 START_TIMEOUT_S = 60.0
 
 
@@ -236,3 +242,36 @@ def lab_server() -> Iterator[LabServer]:
         assert not leftovers, (
             "processes of the JupyterLab server, its kernels or its emulated cluster outlived the "
             f"test (killed now):\n{_describe(leftovers)}")
+
+
+@contextlib.contextmanager
+def jupyterlab_page(server: LabServer, cells: list[str], notebook: str, failure_png: Path, *,
+                    height: int, on_failure: Any = None) -> Iterator[tuple[Any, list[str]]]:
+    """Write ``cells`` as ``notebook`` in the server's folder (venv kernel), open headless Debian
+    chromium; yields ``(page, page_errors)``. On failure: a screenshot to ``failure_png`` and
+    ``on_failure(page, page_errors)`` (e.g. print the cells' outputs), then the error."""
+    from playwright.sync_api import sync_playwright
+
+    assert os.path.exists(CHROMIUM), "make test installs Debian's chromium (make browser-deps)"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "raytpu_lab venv",
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
+    nbformat.write(nb, server.root_dir / notebook)
+    failure_png.parent.mkdir(exist_ok=True)
+    page_errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": height})
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+            try:
+                yield page, page_errors
+            except BaseException:
+                with contextlib.suppress(Exception):  # the failure itself is what matters
+                    page.screenshot(path=str(failure_png), full_page=True)
+                if on_failure is not None:
+                    on_failure(page, page_errors)
+                raise
+        finally:
+            browser.close()

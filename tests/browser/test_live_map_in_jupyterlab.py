@@ -9,25 +9,26 @@ Python, save a screenshot to ``build/live_map.png``, and stop the cluster leavin
 from __future__ import annotations
 
 import ast
-import os
 import re
 import time
 import urllib.error
 from pathlib import Path
 
-import nbformat
 import pytest
-from playwright.sync_api import Locator, Page, sync_playwright
+from playwright.sync_api import Locator, Page
 
-from tests.browser.conftest import KERNEL_NAME, LabServer, processes_mentioning, wait_until_gone
+from tests.browser.conftest import (
+    KERNEL_NAME,
+    LabServer,
+    jupyterlab_page,
+    processes_mentioning,
+    wait_until_gone,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build"
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 NOTEBOOK = "live_map.ipynb"
 
 SLICE_NAMES = ("tpu-v6e-4x4-0", "tpu-v6e-4x4-1")
@@ -48,15 +49,6 @@ CELLS = [
     "%raytpu down",
 ]
 LOAD, UP, MAP, RESERVE, SELECTED, DOWN = range(len(CELLS))
-
-
-def _write_notebook(path: Path) -> None:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "raytpu_lab venv",
-                                 "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
-    nbformat.write(nb, path)
 
 
 class Notebook:
@@ -160,26 +152,10 @@ def _poll(what: str, fn, timeout_s: float, interval_s: float = 0.1, ok=bool):
 
 
 def test_live_map_in_jupyterlab(lab_server: LabServer) -> None:
-    assert os.path.exists(CHROMIUM), "make test installs Debian's chromium (make browser-deps)"
-    _write_notebook(lab_server.root_dir / NOTEBOOK)
-    BUILD.mkdir(exist_ok=True)
-    page_errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("pageerror", lambda e: page_errors.append(str(e)))
-            try:
-                _drive(page, lab_server, page_errors)
-            except BaseException:
-                try:
-                    page.screenshot(path=str(BUILD / "live_map_failure.png"), full_page=True)
-                except Exception:  # the failure itself is what matters
-                    pass
-                _print_outputs(page, lab_server, page_errors)
-                raise
-        finally:
-            browser.close()
+    with jupyterlab_page(lab_server, CELLS, NOTEBOOK, BUILD / "live_map_failure.png", height=1000,
+                         on_failure=lambda page, errors: _print_outputs(page, lab_server, errors)
+                         ) as (page, page_errors):
+        _drive(page, lab_server, page_errors)
 
 
 def _print_outputs(page: Page, server: LabServer, page_errors: list[str]) -> None:

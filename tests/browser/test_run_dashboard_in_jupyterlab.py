@@ -8,16 +8,13 @@ was stopped, ``last_run.stopped`` is True in the next cell, and the slice is idl
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
-from playwright.sync_api import sync_playwright
 
-from tests.browser.conftest import KERNEL_NAME, LabServer, wait_until_gone
-from tests.browser.test_live_map_in_jupyterlab import ARGS, CHROMIUM, Notebook, _poll
+from tests.browser.conftest import LabServer, jupyterlab_page, wait_until_gone
+from tests.browser.test_live_map_in_jupyterlab import Notebook, _poll
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
@@ -48,34 +45,10 @@ CELLS = [
 LOAD, UP, TRAIN, AFTER, DOWN = range(len(CELLS))
 
 
-def _write_notebook(path: Path) -> None:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "raytpu_lab venv",
-                                 "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
-    nbformat.write(nb, path)
-
-
 def test_dashboard_updates_and_stops_in_jupyterlab(lab_server: LabServer) -> None:
-    assert os.path.exists(CHROMIUM), "make test installs Debian's chromium (make browser-deps)"
-    _write_notebook(lab_server.root_dir / NOTEBOOK)
-    BUILD.mkdir(exist_ok=True)
-    page_errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.on("pageerror", lambda e: page_errors.append(str(e)))
-            try:
-                _drive(page, lab_server, page_errors)
-            except BaseException:
-                try:
-                    page.screenshot(path=str(BUILD / "dashboard_failure.png"), full_page=True)
-                except Exception:
-                    pass
-                raise
-        finally:
-            browser.close()
+    with jupyterlab_page(lab_server, CELLS, NOTEBOOK, BUILD / "dashboard_failure.png",
+                         height=1100) as (page, page_errors):
+        _drive(page, lab_server, page_errors)
 
 
 def _drive(page, server: LabServer, page_errors: list[str]) -> None:
