@@ -35,7 +35,7 @@ from ..k8s_standin import (
     worker_pod,
     write_kubeconfig,
 )
-from .test_kuberay_manifests import SHARED
+from .test_kuberay_manifests import SAMPLES
 
 NS = "ml"
 
@@ -61,10 +61,8 @@ def kube(kubeconfig: Path) -> KubeRayClient:
 
 
 def _v4_multihost() -> dict:
-    path = SHARED / "samples" / "ray-cluster.tpu-v4-multihost.yaml"
-    if path.is_file():
-        return load_manifest(path)
-    return build_raycluster("raycluster-tpu-v4-multihost", [("v4:2x2x2", 1)])
+    (path,) = [p for p in SAMPLES if p.name == "ray-cluster.tpu-v4-multihost.yaml"]
+    return load_manifest(path)
 
 
 def _lab_manifest(slices: int = 2) -> dict:
