@@ -49,7 +49,7 @@ demo: $(STAMP)
 
 test: $(STAMP) $(TORCH_STAMP) browser-deps
 	@start=$$(date +%s); \
-	$(PY) -m pytest tests/unit tests/notebooks tests/browser tests/integration -q -p no:cacheprovider --timeout=900 -W ignore::DeprecationWarning; rc=$$?; \
+	$(PY) -m pytest tests/unit tests/notebooks tests/browser tests/integration -q -p no:cacheprovider --timeout=900 --durations=30 -W ignore::DeprecationWarning; rc=$$?; \
 	echo "make test: wall $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
 lint: $(STAMP)

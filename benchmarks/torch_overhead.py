@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -77,7 +78,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--report-every", type=int, default=10)
     args = parser.parse_args()
-    os.environ.setdefault("RAYTPU_EMULATOR_ROOT", tempfile.mkdtemp(prefix="rtb-", dir="/tmp"))
+    own_root = None
+    if "RAYTPU_EMULATOR_ROOT" not in os.environ:
+        own_root = os.environ["RAYTPU_EMULATOR_ROOT"] = tempfile.mkdtemp(prefix="rtb-", dir="/tmp")
     # The launcher sets it when unset; set it for both sides so reports block equally long.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     storage = tempfile.mkdtemp(prefix="raytpu-torch-bench-")
@@ -147,6 +150,9 @@ def main() -> None:
         print("RESULT " + json.dumps(result))
     finally:
         lab.down()
+        shutil.rmtree(storage, ignore_errors=True)
+        if own_root:
+            shutil.rmtree(own_root, ignore_errors=True)
 
 
 if __name__ == "__main__":

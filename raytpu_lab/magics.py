@@ -28,6 +28,7 @@ from raytpu_lab.errors import RaytpuError, RemoteHostError, ReservationError, Tr
 from raytpu_lab.lab import get_lab
 from raytpu_lab.train.run import RunHandle
 from raytpu_lab.widgets.profile_view import ProfileView
+from raytpu_lab.widgets.xla_view import XlaMetricsView
 from raytpu_lab.widgets.run_dashboard import RunDashboard
 
 __all__ = ["RaytpuMagics", "WatchedRun", "build_parser"]
@@ -451,6 +452,8 @@ class RaytpuMagics(Magics):
         print(f"Run {s['name']!r} {state} on {', '.join(s['slices']) or '?'}:{xla} {s['steps']} "
               f"steps in {s['wall_s']} s ({s['steps_per_s']} steps/s); final "
               f"{s['final_metrics']}. Result in `{args.out}`.")
+        if "backend" in s:
+            display(XlaMetricsView.of(run))
         profile = get_lab().last_profile if getattr(args, "profile", None) else None
         if profile is not None:
             display(ProfileView(profile, snapshot=get_lab().snapshot()))

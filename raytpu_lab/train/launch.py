@@ -159,6 +159,7 @@ def start_run(
     mute_driver_logs: bool = False,
     log_flush_interval_s: float = 0.25,
     result: RunResult | None = None,
+    worker_summary: Callable[[], dict[str, Any]] | None = None,
 ) -> RunHandle:
     """Build a Ray Train trainer with our callbacks, start ``fit()`` in a thread, return its handle.
 
@@ -187,6 +188,8 @@ def start_run(
         log_flush_interval_s: How often each worker ships its new log lines, seconds.
         result: The (empty) result object to fill, e.g. a subclass with trainer-specific views;
             a plain :class:`RunResult` if ``None``.
+        worker_summary: With ``train_fn``: called in each worker when it ends; the dicts land
+            in ``result.worker_summaries`` (see :func:`~raytpu_lab.train.worker_tap.tap_train_fn`).
 
     Returns:
         The running run's handle (:meth:`RunHandle.wait`, :meth:`RunHandle.stop`).
@@ -205,7 +208,8 @@ def start_run(
     callbacks = [_StreamReports(events), _ray_private.controller_announcer(_Announce(events))]
     try:
         if train_fn is not None:
-            wrapped = tap_train_fn(train_fn, events, logs, flush_interval_s=log_flush_interval_s)
+            wrapped = tap_train_fn(train_fn, events, logs, flush_interval_s=log_flush_interval_s,
+                                   worker_summary=worker_summary)
             trainer = make_trainer(callbacks, wrapped)
         else:
             trainer = make_trainer(callbacks)

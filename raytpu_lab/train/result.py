@@ -32,6 +32,8 @@ class RunResult:
             "traceback"}`` for each rank that raised.
         logs: The last lines each rank printed (capped per rank; see :meth:`log_records`).
         stopped: The run was stopped (Stop button, ``stop()`` or an interrupt) before it ended.
+        worker_summaries: ``{rank: summary}`` each worker sent when its function ended, for
+            trainers that ask for one (PyTorch/XLA runs: torch_xla's metrics); ``{}`` otherwise.
     """
 
     name: str
@@ -47,6 +49,7 @@ class RunResult:
     worker_errors: list[dict[str, Any]] = field(default_factory=list)
     logs: LogBook = field(default_factory=LogBook)
     stopped: bool = False
+    worker_summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def num_workers(self) -> int:

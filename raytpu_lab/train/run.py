@@ -320,6 +320,9 @@ class RunHandle:
                             self._pids.add(str(row["pid"]))
                     elif row.get("kind") == "error":
                         update.errors.append(row)
+                    elif row.get("kind") == "summary":
+                        self.result.worker_summaries[int(row["rank"])] = {
+                            k: v for k, v in row.items() if k not in ("kind", "rank")}
         for item in _take_all(self._logs):
             rank = int(item["rank"])
             lines = [(str(s), str(t)) for s, t in item.get("lines", [])]

@@ -18,9 +18,9 @@ emulator      any                             ``gloo``, ``PJRT_DEVICE=CPU``
 ============  ==============================  ====================================
 
 The emulator is recognised by the node label :data:`~raytpu_lab.cluster.gke_env.EMULATED_LABEL`
-that it gives its hosts. Around the user's function each worker reports twice more:
-``{"raytpu": "placement", slice, host, chip, node_id}`` before it and ``{"raytpu":
-"xla_metrics", ...}`` (:mod:`raytpu_lab.train.xla_profile`) after it.
+that it gives its hosts. Where each rank ran comes from the worker tap's placement row (as for
+JAX); when its function ends each worker also sends torch_xla's metrics as its worker summary
+(:mod:`raytpu_lab.train.xla_profile`), apart from the run's metric reports.
 """
 
 from __future__ import annotations
@@ -41,12 +41,10 @@ from raytpu_lab.train.torch_checks import (
     takes_config,
     workers_per_run,
 )
-from raytpu_lab.train.xla_profile import METRICS_KIND, CompileTrend, recompilation_storm
+from raytpu_lab.train.xla_profile import CompileTrend, recompilation_storm, xla_metrics_by_rank
 
-__all__ = ["PLACEMENT_KIND", "TorchRunResult", "check_torch_run", "is_emulated", "launch_torch",
-           "resolve_backend", "start_torch"]
-
-PLACEMENT_KIND = "placement"
+__all__ = ["TorchRunResult", "check_torch_run", "is_emulated", "launch_torch", "resolve_backend",
+           "start_torch"]
 
 
 @dataclass(repr=False)
@@ -69,22 +67,23 @@ class TorchRunResult(RunResult):
         """Ray Train workers: one per ``chips_per_worker`` chips of every slice."""
         return self.shape.num_chips * self.num_slices // self.chips_per_worker
 
-    def rank0(self) -> list[dict[str, Any]]:
-        """Rank 0's own reports, without the placement and XLA-metrics reports we add."""
-        return [r for r in self.records if r["rank"] == 0 and "raytpu" not in r]
-
     @property
     def chip_placement(self) -> dict[int, dict[str, Any]]:
-        """``{rank: {"slice", "host", "chip", "node_id"}}`` as each worker reported it."""
-        return {int(r["rank"]): {k: r[k] for k in ("slice", "host", "chip", "node_id")}
-                for r in self.records if r.get("raytpu") == PLACEMENT_KIND}
+        """``{rank: {"slice", "host", "chip", "node_id"}}``: the slice, the host's TPU worker id,
+        the chip Ray assigned (``get_accelerator_ids()["TPU"]``; a comma-separated string when a
+        worker holds several) and the Ray node, from the worker tap's placement rows."""
+        out: dict[int, dict[str, Any]] = {}
+        for w in self.workers:  # a restarted worker group's later row wins
+            chips = [str(c) for c in w.get("chips") or []]
+            out[int(w["rank"])] = {"slice": w.get("slice") or "", "host": w.get("worker_id"),
+                                   "chip": int(chips[0]) if len(chips) == 1 else ",".join(chips),
+                                   "node_id": w.get("node_id")}
+        return dict(sorted(out.items()))
 
     @property
     def xla_metrics(self) -> dict[int, dict[str, Any]]:
-        """``{rank: torch_xla metrics}`` from each worker's last report."""
-        from raytpu_lab.train.xla_profile import xla_metrics_by_rank
-
-        return xla_metrics_by_rank(self.records)
+        """``{rank: torch_xla metrics}`` each worker sent when its function ended."""
+        return xla_metrics_by_rank(self.worker_summaries)
 
     def compile_trends(self, warmup_steps: int = 3) -> dict[int, CompileTrend]:
         """``{rank: compile trend}``; a trend's ``storm`` flags recompilation after warm-up."""
@@ -181,16 +180,13 @@ def start_torch(
     """
     num_workers = check_torch_run(train_fn, shape, num_slices, chips_per_worker, backend)
     pg_backend, pjrt_device = resolve_backend(backend, emulated)
-    with_config = takes_config(train_fn)
     # Ray Train's v2 classes load here, after the checks: they import torch.
     from ray.train.v2.api.config import RunConfig, ScalingConfig
     from ray.train.v2.torch.torch_trainer import TorchTrainer
 
     from raytpu_lab.train.launch import start_run
     from raytpu_lab.train.torch_backend import TorchXlaConfig
-
-    def entry(loop_config: dict[str, Any]) -> Any:
-        return _run_worker(train_fn, with_config, loop_config)
+    from raytpu_lab.train.torch_xla_utils import xla_metrics
 
     def make_trainer(callbacks: list[Any], wrapped: Callable[..., Any]) -> Any:
         return TorchTrainer(
@@ -204,17 +200,6 @@ def start_torch(
     result = TorchRunResult(name=name, shape=shape, num_slices=num_slices, backend=pg_backend,
                             pjrt_device=pjrt_device, chips_per_worker=chips_per_worker,
                             requested_backend=backend)
-    return start_run(make_trainer, shape, name=name, num_slices=num_slices, train_fn=entry,
-                     result=result, **kwargs)
+    return start_run(make_trainer, shape, name=name, num_slices=num_slices, train_fn=train_fn,
+                     result=result, worker_summary=xla_metrics, **kwargs)
 
-
-def _run_worker(fn: Callable[..., Any], with_config: bool, loop_config: dict[str, Any]) -> Any:
-    """Runs in each worker: report placement, run the user's function, report XLA metrics."""
-    import ray.train
-
-    from raytpu_lab.train import torch_xla_utils
-
-    ray.train.report({"raytpu": PLACEMENT_KIND, **torch_xla_utils.placement()})
-    out = fn(loop_config) if with_config else fn()
-    ray.train.report({"raytpu": METRICS_KIND, **torch_xla_utils.xla_metrics()})
-    return out

@@ -33,12 +33,11 @@ Imports torch and torch_xla lazily, so a notebook can import this module without
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable
 from typing import Any
 
 __all__ = [
-    "broadcast_parameters", "device", "optimizer_step", "parameter_digest", "placement",
+    "broadcast_parameters", "device", "optimizer_step", "parameter_digest",
     "sync_gradients", "xla_metrics",
 ]
 
@@ -160,22 +159,6 @@ def parameter_digest(model: Any) -> str:
     for p in model.parameters():
         digest.update(p.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
-
-
-def placement() -> dict[str, Any]:
-    """Where this worker runs: slice, host (``TPU_WORKER_ID``), chip and Ray node.
-
-    The chip is the ``TPU`` id Ray assigned to this worker (Ray also exports it as
-    ``TPU_VISIBLE_CHIPS``).
-    """
-    import ray
-
-    ctx = ray.get_runtime_context()
-    chips = ctx.get_accelerator_ids().get("TPU", [])
-    return {"slice": os.environ.get("TPU_NAME", ""),
-            "host": int(os.environ.get("TPU_WORKER_ID", "-1")),
-            "chip": int(chips[0]) if len(chips) == 1 else ",".join(chips),
-            "node_id": ctx.get_node_id()}
 
 
 def _reset() -> None:

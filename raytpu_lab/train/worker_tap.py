@@ -11,7 +11,10 @@ trainer: ``JaxTrainer``, ``TorchTrainer``...). In each worker the wrapper
    log tools keep them) and, every ``flush_interval_s``, go as one batch to the ``logs`` queue; a
    worker printing faster than ``max_lines_per_flush`` lines per interval sends the last ones and
    the count it dropped, so a flood never backs up the queue;
-3. calls the function; if it raises, sends ``{"kind": "error", rank, host, traceback}`` first.
+3. calls the function; if it raises, sends ``{"kind": "error", rank, host, traceback}`` first;
+4. if given a ``worker_summary`` function, sends ``{"kind": "summary", "rank", **worker_summary()}``
+   when the function ends (PyTorch/XLA runs send torch_xla's metrics this way, so they stay out
+   of the run's metric reports).
 
 It never lets a full or gone queue fail the training function.
 """
@@ -71,17 +74,21 @@ def accepts_config(fn: Callable[..., Any]) -> bool:
 
 def tap_train_fn(train_fn: Callable[..., Any], events: Any, logs: Any, *,
                  flush_interval_s: float = 0.25,
-                 max_lines_per_flush: int = 400) -> Callable[..., Any]:
+                 max_lines_per_flush: int = 400,
+                 worker_summary: Callable[[], dict[str, Any]] | None = None) -> Callable[..., Any]:
     """Wrap ``train_fn`` so each worker reports placement, log lines and errors.
 
     Args:
         train_fn: The user's per-worker function (checked with :func:`accepts_config`).
-        events: A ``ray.util.queue.Queue``; gets ``[{"kind": "placement", ...}]`` and
-            ``[{"kind": "error", ...}]`` items.
+        events: A ``ray.util.queue.Queue``; gets ``[{"kind": "placement", ...}]``,
+            ``[{"kind": "error", ...}]`` and ``[{"kind": "summary", ...}]`` items.
         logs: A ``ray.util.queue.Queue``; gets ``{"rank", "lines": [(stream, text), ...],
             "dropped"}`` items, one per worker and flush.
         flush_interval_s: Seconds between log batches of one worker.
         max_lines_per_flush: Lines kept per batch; older ones are counted in ``dropped``.
+        worker_summary: Called in each worker when ``train_fn`` returns or raises; its JSON-able
+            dict is sent as that rank's summary. Must be picklable (a module-level function). If
+            it raises, no summary is sent.
 
     Returns:
         A function of the same arity (``f(config)`` or ``f()``) for the trainer.
@@ -104,6 +111,8 @@ def tap_train_fn(train_fn: Callable[..., Any], events: Any, logs: Any, *,
                                else None))}])
             raise
         finally:
+            if worker_summary is not None:
+                _send_summary(events, info["rank"], worker_summary)
             tee.stop()
 
     if takes_config:
@@ -116,6 +125,14 @@ def tap_train_fn(train_fn: Callable[..., Any], events: Any, logs: Any, *,
     def without_config() -> Any:
         return run(None)
     return without_config
+
+
+def _send_summary(events: Any, rank: int, worker_summary: Callable[[], dict[str, Any]]) -> None:
+    try:
+        summary = worker_summary()
+    except Exception:  # a summary must never fail (or mask the error of) the training run
+        return
+    _put(events, [{**summary, "kind": "summary", "rank": rank}])
 
 
 def _put(queue: Any, item: Any) -> None:

@@ -1,7 +1,8 @@
 """PyTorch/XLA profile data of a run, and recompilation storms. Pure: no Ray, no torch.
 
-Workers send one ``{"raytpu": "xla_metrics", ...}`` report at the end of a run (see
-:func:`raytpu_lab.train.torch_xla_utils.xla_metrics`), read from ``torch_xla.debug.metrics``:
+Each worker sends these as its worker summary when its function ends (see
+:func:`raytpu_lab.train.torch_xla_utils.xla_metrics` and ``RunResult.worker_summaries``), read
+from ``torch_xla.debug.metrics``:
 
 - ``xla_compile_count`` / ``xla_compile_time_s``: XLA graph compilations (metric ``CompileTime``),
 - ``xla_execute_count`` / ``xla_execute_time_s``: graph executions (``ExecuteTime``),
@@ -16,14 +17,11 @@ on every step: a *recompilation storm*, which :func:`recompilation_storm` flags.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CompileTrend", "METRICS_KIND", "recompilation_storm", "xla_metrics_by_rank"]
-
-METRICS_KIND = "xla_metrics"
-"""Value of the ``"raytpu"`` key of the workers' final report carrying torch_xla's metrics."""
+__all__ = ["CompileTrend", "recompilation_storm", "xla_metrics_by_rank"]
 
 
 @dataclass(frozen=True)
@@ -86,11 +84,9 @@ def recompilation_storm(compiles_per_step: Sequence[int], *, warmup_steps: int =
                         later_compiles=later, late_compiles=late, storm=storm, reason=reason)
 
 
-def xla_metrics_by_rank(records: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """``{rank: that rank's torch_xla metrics}`` from a run's records (its last metrics report)."""
-    found: dict[int, dict[str, Any]] = {}
-    for r in records:
-        if r.get("raytpu") == METRICS_KIND:
-            found[int(r["rank"])] = {k: v for k, v in r.items()
-                                     if k.startswith("xla_")}
-    return dict(sorted(found.items()))
+def xla_metrics_by_rank(summaries: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """``{rank: that rank's torch_xla metrics}`` (its ``xla_*`` keys) from the workers' summaries
+    (``RunResult.worker_summaries``), sorted by rank; ranks without them are left out."""
+    found = {int(rank): {k: v for k, v in summary.items() if k.startswith("xla_")}
+             for rank, summary in summaries.items()}
+    return {rank: m for rank, m in sorted(found.items()) if m}

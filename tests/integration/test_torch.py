@@ -62,7 +62,8 @@ def ip():
 def _run(ip, line: str, cell: str):
     with capture_output() as out:
         result = ip.run_cell(f"%%raytpu {line}\n{cell}", store_history=False)
-    return out.stdout + out.stderr, result.error_in_exec
+    shown = "".join(o.data.get("text/plain", "") + "\n" for o in out.outputs)
+    return out.stdout + out.stderr + shown, result.error_in_exec
 
 
 def _v5p_idle(lab: Lab) -> bool:
@@ -96,6 +97,7 @@ def test_torch_cell_runs_one_worker_per_chip_in_sync(ip, lab: Lab) -> None:
     assert all(m["xla_compile_count"] > 0 and m["xla_execute_count"] > 0
                and m["xla_transfer_to_device_count"] > 0 for m in metrics.values())
     assert not any(t.storm for t in run.compile_trends().values())
+    assert "torch_xla metrics of 8 ranks; no recompilation storm." in text, text  # the panel
     # Nothing held afterwards.
     assert wait_until(lambda: not live_placement_groups(), 10), live_placement_groups()
     assert wait_until(lambda: live_actors() == actors_before, 10), live_actors()

@@ -22,6 +22,8 @@ PURE_MODULES = [
     "raytpu_lab.widgets.svg",
     "raytpu_lab.train.profile",
     "raytpu_lab.train.profile_analysis",
+    "raytpu_lab.train.xla_profile",
+    "raytpu_lab.widgets.xla_view",
 ]
 
 _CHECK = """

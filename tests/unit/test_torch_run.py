@@ -26,6 +26,7 @@ from raytpu_lab.train.torch_checks import (
 )
 from raytpu_lab.train.torch_run import TorchRunResult, is_emulated, resolve_backend
 from raytpu_lab.train.xla_profile import recompilation_storm, xla_metrics_by_rank
+from raytpu_lab.widgets.xla_view import XlaMetricsView
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -181,32 +182,56 @@ def test_recompilation_storm(counts: list[int], storm: bool) -> None:
 # --- the result -------------------------------------------------------------------------------
 
 def _records() -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for rank in range(2):
-        rows.append({"report": 0, "rank": rank, "time_s": 1.0, "raytpu": "placement",
-                     "slice": "s0", "host": 0, "chip": rank, "node_id": "n0"})
-    for step in range(4):
-        for rank in range(2):
-            rows.append({"report": step + 1, "rank": rank, "time_s": 2.0 + step, "step": step,
-                         "loss": 1.0 / (step + 1)})
-    for rank in range(2):
-        rows.append({"report": 5, "rank": rank, "time_s": 7.0, "raytpu": "xla_metrics",
-                     "xla_compile_count": 4 + 4 * rank, "xla_compile_time_s": 0.5,
-                     "xla_compiles_per_step": [4, 4, 4, 4] if rank == 0 else [2, 4, 6, 8]})
-    return rows
+    return [{"report": step, "rank": rank, "time_s": 2.0 + step, "step": step,
+             "loss": 1.0 / (step + 1)} for step in range(4) for rank in range(2)]
 
 
-def test_torch_result_keeps_its_own_reports_apart() -> None:
+def _workers() -> list[dict[str, Any]]:
+    """The worker tap's placement rows: rank 1's worker group restarted once."""
+    row = {"kind": "placement", "slice": "s0", "worker_id": 0, "node_id": "n0", "host": "10.0.0.1"}
+    return [{**row, "rank": 0, "chips": ["0"]}, {**row, "rank": 1, "chips": ["3"]},
+            {**row, "rank": 1, "chips": ["1"]}]
+
+
+def _summaries() -> dict[int, dict[str, Any]]:
+    return {rank: {"xla_compile_count": 4 + 4 * rank, "xla_compile_time_s": 0.5,
+                   "xla_compiles_per_step": [4, 4, 4, 4] if rank == 0 else [2, 4, 6, 8]}
+            for rank in range(2)}
+
+
+def test_torch_result_reads_placement_and_xla_metrics_apart_from_the_reports() -> None:
     run = TorchRunResult(name="r", shape=SliceShape.of("v5p", "2x2x2"), num_slices=1,
-                         records=_records(), backend="gloo", pjrt_device="CPU")
+                         records=_records(), workers=_workers(), worker_summaries=_summaries(),
+                         backend="gloo", pjrt_device="CPU")
     assert run.num_workers == 8
     assert run.steps == 4 and run.metric("loss") == [1.0, 0.5, 1 / 3, 0.25]
     assert run.steps_per_s == pytest.approx(1.0)
-    assert "raytpu" not in run.final_metrics and run.final_metrics["step"] == 3
+    assert run.final_metrics == {"time_s": 5.0, "step": 3, "loss": 0.25}
     assert run.chip_placement == {0: {"slice": "s0", "host": 0, "chip": 0, "node_id": "n0"},
-                             1: {"slice": "s0", "host": 0, "chip": 1, "node_id": "n0"}}
-    assert xla_metrics_by_rank(run.records)[1]["xla_compile_count"] == 8
+                                  1: {"slice": "s0", "host": 0, "chip": 1, "node_id": "n0"}}
+    assert run.xla_metrics[1]["xla_compile_count"] == 8
+    assert xla_metrics_by_rank({0: {"other": 1}, 2: {"xla_execute_count": 3}}) == {
+        2: {"xla_execute_count": 3}}
     s = run.summary()
     assert (s["backend"], s["pjrt_device"], s["xla_compiles"]) == ("gloo", "CPU", 4)
     assert s["recompilation_storm"] == [1]
     assert json.loads(json.dumps(s)) == s
+
+
+def test_xla_panel_shows_every_rank_and_flags_the_storm() -> None:
+    run = TorchRunResult(name="r", shape=SliceShape.of("v5p", "2x2x2"), num_slices=1,
+                         records=_records(), workers=_workers(), worker_summaries=_summaries())
+    view = XlaMetricsView.of(run)
+    assert view.storm_ranks == [1]
+    assert view.headline().startswith("Recompilation storm on rank(s) 1: 2 compiles after the 3-step")
+    text = view.text().splitlines()
+    assert text[2].split()[:5] == ["0", "s0", "host", "0", "chip"] and "STORM" not in text[2]
+    assert text[3].endswith("2 (2 late) STORM")
+    html = view.html()
+    assert html.count("<tr") == 3 and html.count("color:#d93025;font-weight:bold") == 1
+    assert "4 / 0.500 s" in html and "8 / 0.500 s" in html
+
+
+def test_xla_panel_says_when_workers_sent_nothing() -> None:
+    view = XlaMetricsView({}, {})
+    assert "No torch_xla metrics" in view.text() and "<tr><th>rank" in view.html()

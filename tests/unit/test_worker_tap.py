@@ -1,0 +1,69 @@
+"""The worker tap's own rows (placement, error, summary), on a plain list standing in for the queue.
+
+Only our wrapper runs here; where the worker runs (``_placement``, which reads Ray's runtime
+context) is replaced by a fixed row. The real queue path runs in the integration tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from raytpu_lab.train import worker_tap
+
+
+class _ListQueue:
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def put_nowait(self, item: Any) -> None:
+        self.items.append(item)
+
+
+@pytest.fixture()
+def tapped(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(worker_tap, "_placement", lambda: {
+        "kind": "placement", "rank": 3, "node_id": "n1", "host": "10.0.0.2", "slice": "s0",
+        "worker_id": 1})
+    events, logs = _ListQueue(), _ListQueue()
+
+    def tap(fn, **kwargs):
+        return worker_tap.tap_train_fn(fn, events, logs, flush_interval_s=0.01, **kwargs)
+    return tap, events
+
+
+def _kinds(events: _ListQueue) -> list[str]:
+    return [row["kind"] for item in events.items for row in item]
+
+
+def test_summary_follows_the_function_with_the_rank(tapped) -> None:
+    tap, events = tapped
+    wrapped = tap(lambda config: config["x"] * 2, worker_summary=lambda: {"xla_compile_count": 5})
+    assert wrapped({"x": 21}) == 42
+    assert _kinds(events) == ["placement", "summary"]
+    assert events.items[1] == [{"xla_compile_count": 5, "kind": "summary", "rank": 3}]
+
+
+def test_summary_is_sent_after_the_error_and_a_failing_summary_masks_nothing(tapped) -> None:
+    tap, events = tapped
+
+    def broken() -> None:
+        raise ValueError("bad batch")
+
+    def no_summary() -> dict[str, Any]:
+        raise RuntimeError("torch_xla metrics unavailable")
+
+    with pytest.raises(ValueError, match="bad batch"):
+        tap(broken, worker_summary=lambda: {"xla_compile_count": 1})()
+    assert _kinds(events) == ["placement", "error", "summary"]
+    events.items.clear()
+    with pytest.raises(ValueError, match="bad batch"):
+        tap(broken, worker_summary=no_summary)()
+    assert _kinds(events) == ["placement", "error"]
+
+
+def test_without_a_summary_function_nothing_more_is_sent(tapped) -> None:
+    tap, events = tapped
+    assert tap(lambda: "done")() == "done"
+    assert _kinds(events) == ["placement"]
