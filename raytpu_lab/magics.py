@@ -28,8 +28,8 @@ from raytpu_lab.errors import RaytpuError, RemoteHostError, ReservationError, Tr
 from raytpu_lab.lab import get_lab
 from raytpu_lab.train.run import RunHandle
 from raytpu_lab.widgets.profile_view import ProfileView
-from raytpu_lab.widgets.xla_view import XlaMetricsView
 from raytpu_lab.widgets.run_dashboard import RunDashboard
+from raytpu_lab.widgets.xla_view import XlaMetricsView
 
 __all__ = ["RaytpuMagics", "WatchedRun", "build_parser"]
 

@@ -62,8 +62,11 @@ class _StreamReports(UserCallback):
         rows = [{"report": self._index, "rank": rank, "time_s": now, **m} for rank, m in enumerate(metrics)]
         self._index += 1
         try:
-            self._queue.put_nowait({"kind": "reports", "rows": rows})
-        except Exception:  # a full or gone queue must never fail the training run
+            # Not Queue.put_nowait, which waits for the queue actor: this runs in the controller's
+            # loop, and while it waits no worker's next ray.train.report can be taken in. One
+            # caller's calls to the queue actor run in order; a full queue drops the rows.
+            self._queue.actor.put_nowait.remote({"kind": "reports", "rows": rows})
+        except Exception:  # a gone queue must never fail the training run
             pass
 
 

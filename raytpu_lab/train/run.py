@@ -17,9 +17,11 @@ from whatever thread it is in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -210,13 +212,14 @@ class RunHandle:
             KeyboardInterrupt: Interrupted; the run was stopped first.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        try:
-            while not self._done.wait(0.1):
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"run {self.name!r} still running after {timeout_s} s")
-        except KeyboardInterrupt:
-            self.stop()
-            raise
+        with _ctrl_c_raises():
+            try:
+                while not self._done.wait(0.1):
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise TimeoutError(f"run {self.name!r} still running after {timeout_s} s")
+            except KeyboardInterrupt:
+                self.stop()
+                raise
         return self._outcome()
 
     async def wait_async(self) -> RunResult:
@@ -370,6 +373,26 @@ class RunHandle:
         except Exception:
             return []
         return [pg for pg in self._pg_ids if table.get(pg, {}).get("state") not in (None, "REMOVED")]
+
+
+@contextlib.contextmanager
+def _ctrl_c_raises() -> Iterator[None]:
+    """In the main thread: SIGINT raises ``KeyboardInterrupt`` while the block runs.
+
+    A ``fit()`` called in the main thread leaves Ray Train's SIGINT handler installed
+    (``DataParallelTrainer._register_sigint_handler``), bound to that run's controller; a later
+    Ctrl-C would then abort the dead controller and end the process with ``SystemExit`` instead of
+    stopping our run. The previous handler is put back afterwards.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:  # None: a handler set outside Python, which cannot be put back from here
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 def _take_all(queue: Queue) -> list[Any]:

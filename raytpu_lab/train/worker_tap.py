@@ -8,7 +8,8 @@ trainer: ``JaxTrainer``, ``TorchTrainer``...). In each worker the wrapper
    derives from the GKE/KubeRay TPU environment), the chips Ray assigned
    (``get_accelerator_ids()["TPU"]``) and the ``MEGASCALE_*`` variables of multi-slice runs;
 2. tees ``sys.stdout`` / ``sys.stderr``: lines still reach the worker's own log files (so Ray's
-   log tools keep them) and, every ``flush_interval_s``, go as one batch to the ``logs`` queue; a
+   log tools keep them) and, every ``flush_interval_s``, go as one batch to the ``logs`` queue
+   (Ray's own INFO chatter excepted, see :func:`_not_for_the_panes`); a
    worker printing faster than ``max_lines_per_flush`` lines per interval sends the last ones and
    the count it dropped, so a flood never backs up the queue;
 3. calls the function; if it raises, sends ``{"kind": "error", rank, host, traceback}`` first;
@@ -24,6 +25,7 @@ from __future__ import annotations
 import functools
 import inspect
 import io
+import logging
 import os
 import socket
 import sys
@@ -165,13 +167,19 @@ def _placement() -> dict[str, Any]:
             **{k.lower(): os.environ.get(k) for k in _MEGASCALE}}
 
 
-def _echo_of_print() -> bool:
-    """Whether this stderr write is Ray Train's logger echoing a ``print`` we already captured.
+def _not_for_the_panes() -> bool:
+    """Whether this stderr write is Ray's own chatter rather than the training function's output.
 
-    Ray Train patches ``print`` in workers (``ray.train.v2._internal.logging.patch_print``): with
-    ``sys.stdout`` wrapped it prints to it *and* logs the text, and its console handler writes
-    that to stderr. Seen from here: a stderr write from a logging handler's ``emit`` called under
-    ``redirected_print`` (a user's own ``print(..., file=sys.stderr)`` has no ``emit`` between).
+    Two cases, told apart by the calling frames (a user's ``print(..., file=sys.stderr)`` or
+    ``logging`` call matches neither):
+
+    - Ray Train's echo of a ``print`` we already captured: Ray Train patches ``print`` in workers
+      (``ray.train.v2._internal.logging.patch_print``); with ``sys.stdout`` wrapped it prints to
+      it *and* logs the text, and its console handler writes that to stderr (a logging handler's
+      ``emit`` called under ``redirected_print``).
+    - A record below WARNING from one of Ray's own loggers (``ray.*``), such as Ray Train's
+      "Reporting training result ..." line on every ``ray.train.report``: it would fill the log
+      panes and make every worker ship a batch per report. Ray's log files keep these lines.
     """
     frame = sys._getframe(2)
     emitted = False
@@ -180,6 +188,10 @@ def _echo_of_print() -> bool:
             return False
         name = frame.f_code.co_name
         if name == "emit":
+            record = frame.f_locals.get("record")
+            if (isinstance(record, logging.LogRecord) and record.name.startswith("ray.")
+                    and record.levelno < logging.WARNING):
+                return True
             emitted = True
         elif name == "redirected_print":
             return emitted
@@ -201,7 +213,7 @@ class _TeeStream(io.TextIOBase):
             self._original.write(text)
         except Exception:
             pass
-        if text and not (self._name == "stderr" and _echo_of_print()):
+        if text and not (self._name == "stderr" and _not_for_the_panes()):
             lines = (self._partial + text).split("\n")
             self._partial = lines.pop()
             if lines:

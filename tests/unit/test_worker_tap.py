@@ -67,3 +67,29 @@ def test_without_a_summary_function_nothing_more_is_sent(tapped) -> None:
     tap, events = tapped
     assert tap(lambda: "done")() == "done"
     assert _kinds(events) == ["placement"]
+
+
+def test_ray_info_chatter_stays_out_of_the_panes_warnings_and_user_logs_do_not() -> None:
+    import logging
+    import sys
+
+    logs = _ListQueue()
+    tee = worker_tap._Tee(0, logs, interval_s=60.0, max_lines=100)
+    loggers = [logging.getLogger(n) for n in ("ray.train.tap_test", "mymodel.tap_test")]
+    tee.start()
+    try:
+        handler = logging.StreamHandler(sys.stderr)  # bound to the tee's stderr, as Ray's console
+        for lg in loggers:
+            lg.addHandler(handler)
+            lg.propagate = False
+            lg.setLevel(logging.INFO)
+        loggers[0].info("Reporting training result 1")
+        loggers[0].warning("worker group restarted")
+        loggers[1].info("epoch 1 done")
+        print("to stderr", file=sys.stderr)
+    finally:
+        tee.stop()
+        for lg in loggers:
+            lg.removeHandler(handler)
+    shipped = [text for item in logs.items for _, text in item["lines"]]
+    assert shipped == ["worker group restarted", "epoch 1 done", "to stderr"]
