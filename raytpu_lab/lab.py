@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +22,7 @@ from raytpu_lab import _ray_private
 from raytpu_lab.cluster import emulator
 from raytpu_lab.cluster.connect import connect, disconnect, probe, wait_for_nodes
 from raytpu_lab.errors import (
+    ConnectError,
     EmulatorError,
     NoSliceAvailableError,
     NotConnectedError,
@@ -52,6 +54,30 @@ __all__ = ["Lab", "get_lab"]
 
 _NODE_JOIN_TIMEOUT_S = 90.0
 
+
+
+def default_address() -> str:
+    """The Ray address to use when none is given: ``$RAY_ADDRESS``, else the one emulated
+    cluster running on this machine.
+
+    Raises:
+        ConnectError: Neither is there, or several emulated clusters run (they are listed).
+    """
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    if env:
+        return env
+    clusters = emulator.running()
+    if len(clusters) == 1:
+        return clusters[0].address
+    if clusters:
+        listed = "; ".join(f"{c.name} at {c.address}" for c in clusters)
+        raise ConnectError(f"{len(clusters)} emulated clusters run on this machine; which one?",
+                           why=listed, fix="Give its address: %raytpu connect ADDRESS.")
+    raise ConnectError("No Ray cluster to connect to: no address given, RAY_ADDRESS is not set "
+                       "and no emulated cluster runs on this machine.",
+                       fix="Give the address (%raytpu connect HOST:6379, or ray://HOST:10001), "
+                           "connect to a RayCluster on Kubernetes (%raytpu connect --kuberay "
+                           "NAME), or start an emulated cluster (%raytpu up).")
 
 class Lab:
     """A notebook's view of one Ray cluster with TPU slices.
@@ -137,12 +163,23 @@ class Lab:
         self._started = cluster
         return cluster
 
-    def connect(self, address: str, *, timeout_s: float = 15.0) -> None:
+    def connect(self, address: str | None = None, *, timeout_s: float = 15.0) -> str:
         """Connect to an existing Ray cluster (GCS ``HOST:PORT`` or ``ray://HOST:PORT``).
 
+        Args:
+            address: Where the cluster is. ``None``: ``$RAY_ADDRESS`` if set (as ``ray.init()``
+                reads it), else the one emulated cluster running on this machine (started by
+                another notebook or ``raytpu up``).
+            timeout_s: Seconds to wait for the cluster to answer.
+
+        Returns:
+            The address connected to.
+
         Raises:
-            ConnectError: Nothing answered within ``timeout_s`` seconds, or Ray refused.
+            ConnectError: No address was given and none could be found (or several emulated
+                clusters run), nothing answered within ``timeout_s`` seconds, or Ray refused.
         """
+        address = address or default_address()
         probe(address, timeout_s=timeout_s)  # fail before dropping the current connection
         self._forget_reservations()
         self._drop_kuberay()
@@ -153,6 +190,7 @@ class Lab:
         connect(address, timeout_s=timeout_s, ship_package=not found)
         self.address = address
         self.cluster = found[0] if found else None
+        return address
 
     def down(self) -> str | None:
         """Release this session's reservations, disconnect, and stop the emulated cluster.

@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     conn = sub.add_parser("connect", help="connect to a running Ray cluster (or a RayCluster on Kubernetes)")
     conn.add_argument("address", nargs="?",
-                      help="GCS address HOST:PORT (6379 on KubeRay) or ray://HOST:10001; with "
+                      help="GCS address HOST:PORT (6379 on KubeRay) or ray://HOST:10001 (default: "
+                           "$RAY_ADDRESS, else the one emulated cluster running here); with "
                            "--kuberay, the Ray address to use instead of a port-forward")
     conn.add_argument("--timeout", type=float, default=15.0, help="seconds (default 15)")
     conn.add_argument("--kuberay", metavar="NAME", help="the RayCluster to connect to (kubernetes client)")
@@ -267,10 +268,9 @@ class RaytpuMagics(Magics):
                   f"{_n(sum(s.hosts for s in slices), 'TPU host')}.")
             display(get_lab().status())
             return
-        if not args.address:
-            raise UsageError("raytpu connect: give an ADDRESS, or --kuberay NAME (see %raytpu connect --help)")
-        get_lab().connect(args.address, timeout_s=args.timeout)
-        print(f"Connected to {args.address}.")
+        address = get_lab().connect(args.address, timeout_s=args.timeout)
+        cluster = get_lab().cluster
+        print(f"Connected to {address}" + (f" (emulated cluster {cluster.name!r})." if cluster else "."))
         display(get_lab().status())
 
     def _do_apply(self, args: argparse.Namespace, cell: str | None) -> None:
