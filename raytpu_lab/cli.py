@@ -26,7 +26,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="slice shape, e.g. v6e:4x4 or v4:2x2x2; repeat for several shapes "
                          "(default v6e:4x4)")
     up.add_argument("--slices", type=int, default=2, help="slices of each shape (default 2)")
-    up.add_argument("--name", default=None, help="cluster name (default raytpu)")
+    up.add_argument("--name", default=None,
+                    help="cluster name (default raytpu, or the manifest's metadata.name)")
+    up.add_argument("--manifest", metavar="FILE",
+                    help="emulate the TPU worker groups of a KubeRay RayCluster manifest "
+                         "(YAML/JSON) instead of --tpu/--slices")
 
     down = sub.add_parser("down", help="stop an emulated cluster")
     down.add_argument("--name", default=None, help="cluster name (default raytpu)")
@@ -56,8 +60,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _up(args: argparse.Namespace) -> int:
     from raytpu_lab.cluster import emulator
 
-    specs = [(spec, args.slices) for spec in (args.tpu or ["v6e:4x4"])]
-    cluster = emulator.up(specs, name=args.name or emulator.DEFAULT_NAME)
+    if args.manifest:
+        if args.tpu:
+            print("raytpu up: give --manifest or --tpu, not both.", file=sys.stderr)
+            return 2
+        from raytpu_lab.cluster.kuberay_emulator import up_from_manifest
+
+        cluster = up_from_manifest(args.manifest, name=args.name)
+    else:
+        specs = [(spec, args.slices) for spec in (args.tpu or ["v6e:4x4"])]
+        cluster = emulator.up(specs, name=args.name or emulator.DEFAULT_NAME)
     hosts = len(cluster.hosts)
     print(f"Emulated cluster {cluster.name!r}: {hosts} TPU host{'s' * (hosts != 1)} at {cluster.address}")
     print(f"  dashboard  {cluster.dashboard_url}")

@@ -42,3 +42,19 @@ def test_an_invalid_shape_prints_what_why_fix_and_exits_1(
 def test_a_command_is_required() -> None:
     with pytest.raises(SystemExit):
         cli.main([])
+
+
+def test_a_bad_manifest_is_refused_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("RAYTPU_EMULATOR_ROOT", str(tmp_path / "emu"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: ray.io/v1\nkind: RayCluster\nmetadata: {name: x}\nspec: {}\n")
+    assert cli.main(["up", "--manifest", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "bad.yaml" in err and "Traceback" not in err
+    assert not (tmp_path / "emu").exists() or not any((tmp_path / "emu").iterdir())
+
+
+def test_manifest_and_tpu_do_not_mix(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["up", "--manifest", "x.yaml", "--tpu", "v6e:4x4"]) == 2
+    assert "not both" in capsys.readouterr().err
