@@ -32,7 +32,7 @@ from raytpu_lab.errors import (
 )
 from raytpu_lab.refresher import Refresher
 from raytpu_lab.reserve import Reservation, adopt, diagnose, reserve
-from raytpu_lab.spmd import CellResult, SliceSession
+from raytpu_lab.spmd import CellResult, SliceSession, check_cell
 from raytpu_lab.state.fetch import fetch_placement_group_lifetimes, fetch_raw_state
 from raytpu_lab.state.model import ClusterSnapshot, build_snapshot
 from raytpu_lab.state.reservations import ReservationInfo, list_reservations
@@ -439,10 +439,13 @@ class Lab:
             cell's last expression).
 
         Raises:
+            SyntaxError: The code does not parse (nothing was started or sent).
             ReservationError: See :meth:`slice_session`.
             RemoteHostError: It raised on a host (that host's traceback; ``.result`` has all).
             KeyboardInterrupt: Interrupted; the cell was stopped on every host first.
         """
+        if isinstance(code_or_fn, str):
+            check_cell(code_or_fn)  # before a session (host actors, jax.distributed) is started
         session = self.slice_session(name)
         if isinstance(code_or_fn, str):
             return session.run(code_or_fn)

@@ -348,6 +348,12 @@ class RaytpuMagics(Magics):
                              "the cell.")
         try:
             result = get_lab().run_on(args.on, cell)
+        except SyntaxError as err:
+            where = f"line {err.lineno}: " if err.lineno else ""
+            text = (err.text or "").rstrip("\n")
+            caret = f"\n    {text}\n    {' ' * max((err.offset or 1) - 1, 0)}^" if text else ""
+            raise _Brief(f"SyntaxError in the cell, {where}{err.msg}{caret}\nNothing was sent to "
+                         f"the hosts of {args.on!r}.") from None
         except RemoteHostError as err:
             if err.result is not None:
                 print(err.result.text())

@@ -44,7 +44,7 @@ from raytpu_lab.reserve import Reservation
 from raytpu_lab.state.fetch import fetch_raw_state
 from raytpu_lab.state.reservations import HostSlot, host_order
 
-__all__ = ["SliceSession", "CellResult", "HostOutput"]
+__all__ = ["SliceSession", "CellResult", "HostOutput", "check_cell"]
 
 
 @dataclass
@@ -212,6 +212,15 @@ def _sendable(value: Any) -> Any:
             return f"<{type(value).__name__} that cannot be sent back>"
 
 
+def check_cell(code: str) -> None:
+    """Parse a cell's code as the hosts will, here, before anything is sent to them.
+
+    Raises:
+        SyntaxError: It does not parse (``lineno``, ``offset`` and ``text`` say where).
+    """
+    ast.parse(code, filename="<cell>")
+
+
 @dataclass
 class SliceSession:
     """One persistent process per host of a reservation, with ``jax.distributed`` initialised.
@@ -296,10 +305,12 @@ class SliceSession:
             Output per host, in rank order; ``.values`` holds each host's last expression.
 
         Raises:
+            SyntaxError: ``code`` does not parse (checked here; nothing is sent to the hosts).
             RemoteHostError: The cell raised on at least one host (shows the first host's
                 traceback; ``.result`` has every host's output).
             KeyboardInterrupt: Interrupted (the cell was stopped on every host first).
         """
+        check_cell(code)
         return self._dispatch(lambda a: a.run.remote(code))
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> CellResult:

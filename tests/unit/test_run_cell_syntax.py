@@ -1,0 +1,41 @@
+"""``%%raytpu run --on`` parses the cell here first: a syntax error is shown briefly, and nothing
+(no host actor, no jax.distributed) is started. No cluster is needed to see it."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.testing.globalipapp import start_ipython
+from IPython.utils.capture import capture_output
+
+from raytpu_lab import lab as lab_module
+from raytpu_lab.lab import Lab
+from raytpu_lab.spmd import check_cell
+
+
+@pytest.fixture()
+def ip(monkeypatch: pytest.MonkeyPatch):
+    from IPython import get_ipython
+
+    shell = start_ipython() or get_ipython()  # None when another test started it already
+    shell.run_line_magic("load_ext", "raytpu_lab")
+    monkeypatch.setattr(lab_module, "_LAB", Lab())
+    return shell
+
+
+def test_a_syntax_error_is_shown_where_it_is_and_nothing_is_sent(ip, monkeypatch) -> None:
+    started: list[str] = []
+    monkeypatch.setattr(Lab, "slice_session", lambda self, name: started.append(name))
+    with capture_output() as out:
+        result = ip.run_cell("%%raytpu run --on r1\nimport jax\nx = (1,\n", store_history=False)
+    text = out.stdout + out.stderr
+    assert result.error_in_exec is not None
+    assert "SyntaxError in the cell, line 2: " in text, text
+    assert "Nothing was sent to the hosts of 'r1'." in text
+    assert "Traceback" not in text and "raytpu_lab/" not in text
+    assert started == []
+
+
+def test_check_cell_accepts_what_the_hosts_run() -> None:
+    check_cell("import jax\njax.device_count()\n")
+    with pytest.raises(SyntaxError):
+        check_cell("def f(:\n    pass\n")
