@@ -79,9 +79,11 @@ class RunResult:
 
     @property
     def final_metrics(self) -> dict[str, Any]:
-        """Rank 0's last report."""
+        """Rank 0's last report: what the training function passed to ``ray.train.report``
+        (without the ``report``, ``rank`` and ``time_s`` keys of :attr:`records`)."""
         rows = self.rank0()
-        return {k: v for k, v in rows[-1].items() if k not in ("report", "rank")} if rows else {}
+        return ({k: v for k, v in rows[-1].items() if k not in ("report", "rank", "time_s")}
+                if rows else {})
 
     def metric(self, key: str) -> list[float]:
         """Rank 0's values of ``key`` in report order."""
