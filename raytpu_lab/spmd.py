@@ -26,6 +26,7 @@ import ast
 import contextlib
 import ctypes
 import io
+import linecache
 import os
 import socket
 import threading
@@ -45,6 +46,8 @@ from raytpu_lab.state.fetch import fetch_raw_state
 from raytpu_lab.state.reservations import HostSlot, host_order
 
 __all__ = ["SliceSession", "CellResult", "HostOutput", "check_cell"]
+
+_CELL = "<cell>"  # file name of a cell's code in host tracebacks
 
 
 @dataclass
@@ -165,8 +168,8 @@ class _HostProcess:
                         result["value"] = fn(*args, **(kwargs or {}))
                     else:
                         result["value"] = self._exec(code or "")
-            except BaseException:  # noqa: BLE001 - the user's error (KeyboardInterrupt too) goes back as text
-                result["error"] = traceback.format_exc()
+            except BaseException as error:  # noqa: BLE001 - the user's error (KeyboardInterrupt too) goes back as text
+                result["error"] = _user_traceback(error, code)
             finally:
                 with self._state:
                     self._cell_thread = None
@@ -178,14 +181,14 @@ class _HostProcess:
         return result
 
     def _exec(self, code: str) -> Any:
-        tree = ast.parse(code, filename="<cell>")
+        tree = ast.parse(code, filename=_CELL)
         last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         if last is not None:
             tree.body = tree.body[:-1]
-        exec(compile(tree, "<cell>", "exec"), self.namespace)  # noqa: S102 - the user's own cell
+        exec(compile(tree, _CELL, "exec"), self.namespace)  # noqa: S102 - the user's own cell
         if last is None:
             return None
-        return eval(compile(ast.Expression(last.value), "<cell>", "eval"), self.namespace)  # noqa: S307
+        return eval(compile(ast.Expression(last.value), _CELL, "eval"), self.namespace)  # noqa: S307
 
     def push(self, values: dict[str, Any]) -> None:
         self.namespace.update(values)
@@ -198,6 +201,21 @@ class _HostProcess:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
                                                        ctypes.py_object(KeyboardInterrupt))
             return True
+
+
+def _user_traceback(error: BaseException, code: str | None) -> str:
+    """The traceback from the user's own code on: the cell's frames (with their source lines) or
+    the called function's, without this module's frames above them."""
+    tb = error.__traceback__
+    if code is not None:
+        linecache.cache[_CELL] = (len(code), None, code.splitlines(True), _CELL)
+        cell_tb = tb
+        while cell_tb is not None and cell_tb.tb_frame.f_code.co_filename != _CELL:
+            cell_tb = cell_tb.tb_next
+        tb = cell_tb or tb  # a SyntaxError from compile() has no cell frame: keep it whole
+    elif tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next  # skip _run's own frame: the function's frames follow
+    return "".join(traceback.format_exception(type(error), error, tb))
 
 
 def _sendable(value: Any) -> Any:
@@ -218,7 +236,7 @@ def check_cell(code: str) -> None:
     Raises:
         SyntaxError: It does not parse (``lineno``, ``offset`` and ``text`` say where).
     """
-    ast.parse(code, filename="<cell>")
+    ast.parse(code, filename=_CELL)
 
 
 @dataclass

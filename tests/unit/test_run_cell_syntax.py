@@ -39,3 +39,24 @@ def test_check_cell_accepts_what_the_hosts_run() -> None:
     check_cell("import jax\njax.device_count()\n")
     with pytest.raises(SyntaxError):
         check_cell("def f(:\n    pass\n")
+
+
+def test_a_host_traceback_starts_in_the_cell_and_shows_its_lines() -> None:
+    from raytpu_lab.spmd import _HostProcess  # the host side, run here without Ray
+
+    host = _HostProcess(rank=0)
+    out = host.run("def f(x):\n    return 1 / x\n\nf(0)\n")
+    error = out["error"]
+    assert error.startswith("Traceback (most recent call last):\n  File \"<cell>\", line 4"), error
+    assert "return 1 / x" in error and error.rstrip().endswith("ZeroDivisionError: division by zero")
+    assert "spmd.py" not in error
+
+
+def test_a_called_function_traceback_starts_in_the_function() -> None:
+    from raytpu_lab.spmd import _HostProcess
+
+    def boom() -> None:
+        raise ValueError("bad shard")
+
+    error = _HostProcess(rank=0).run(None, boom)["error"]
+    assert "spmd.py" not in error and "in boom" in error and "ValueError: bad shard" in error
