@@ -56,7 +56,7 @@ _HOST_NUM_CPUS = 4
 _OBJECT_STORE_BYTES = 128 * 1024 * 1024  # per node; Ray's minimum is 75 MiB
 _STARTED_MARK = "Ray runtime started"
 _MAX_STARTING = 4
-_START_ATTEMPTS = 3
+_START_ATTEMPTS = 5
 _REGISTRATION_TIMEOUT_MARK = "timed out during startup"
 HOST_MEMORY_BYTES = 280 * 1024 * 1024
 """Memory one emulated host costs (raylet, dashboard agent, runtime-env agent), measured."""
@@ -366,15 +366,17 @@ def _start_in_waves(folder: Path, nodes: list[tuple[str, dict[str, str], list[st
 
     ``ray start`` gives a node a fixed 30 s to register with the GCS; on 2 cores, a dozen raylets
     and their agents starting together (or a busy machine) can miss it. Such a node is killed and
-    started again with fresh ports, up to ``_START_ATTEMPTS`` times.
+    started again with fresh ports, up to ``_START_ATTEMPTS`` times, and fewer nodes start at
+    once from then on (the machine is busier than the waves assumed).
     """
     deadline = time.monotonic() + timeout_s
     procs: dict[int, subprocess.Popen[bytes]] = {}
     attempts = [0] * len(nodes)
     pending = list(range(len(nodes)))
     in_flight: list[int] = []
+    max_starting = _MAX_STARTING
     while pending or in_flight:
-        while pending and len(in_flight) < _MAX_STARTING:
+        while pending and len(in_flight) < max_starting:
             i = pending.pop(0)
             label, env, args = nodes[i]
             attempts[i] += 1
@@ -393,6 +395,7 @@ def _start_in_waves(folder: Path, nodes: list[tuple[str, dict[str, str], list[st
             elif _REGISTRATION_TIMEOUT_MARK in text and attempts[i] < _START_ATTEMPTS:
                 _signal_group(procs[i].pid, signal.SIGKILL)
                 pending.insert(0, i)
+                max_starting = max(1, max_starting // 2)
             else:
                 tail = "\n".join(text.strip().splitlines()[-15:])
                 raise EmulatorError(
