@@ -18,7 +18,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="raytpu", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="raytpu", description=__doc__.splitlines()[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     up = sub.add_parser("up", help="start an emulated TPU cluster and leave it running")
@@ -39,8 +39,9 @@ def _parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="print a cluster's slices, hosts and chips")
     status.add_argument("address", nargs="?",
-                        help="GCS address HOST:PORT (default: the emulated cluster --name)")
-    status.add_argument("--name", default=None, help="emulated cluster name (default raytpu)")
+                        help="GCS address HOST:PORT (default: $RAY_ADDRESS, else the one "
+                             "emulated cluster running here)")
+    status.add_argument("--name", default=None, help="the emulated cluster of this name")
     return parser
 
 
@@ -84,7 +85,9 @@ def _down(args: argparse.Namespace) -> int:
     name = args.name or emulator.DEFAULT_NAME
     cluster = emulator.find(name)
     if cluster is None:
-        print(f"No emulated cluster named {name!r} is running.")
+        others = ", ".join(c.name for c in emulator.running())
+        print(f"No emulated cluster named {name!r} is running."
+              + (f" Running: {others} (raytpu down --name NAME)." if others else ""))
         return 0
     cluster.down()
     print(f"Stopped emulated cluster {name!r}.")
@@ -111,12 +114,11 @@ def _status(args: argparse.Namespace) -> int:
     from raytpu_lab.widgets.svg import render_status_text
 
     address = args.address
-    if address is None:
-        name = args.name or emulator.DEFAULT_NAME
-        found = emulator.find(name)
+    if address is None and args.name:
+        found = emulator.find(args.name)
         if found is None:
-            print(f"No address given and no emulated cluster {name!r} running; pass HOST:PORT "
-                  "or --name (raytpu list shows the running ones).", file=sys.stderr)
+            print(f"No emulated cluster {args.name!r} is running; pass HOST:PORT or another "
+                  "--name (raytpu list shows the running ones).", file=sys.stderr)
             return 1
         address = found.address
     lab = Lab()

@@ -192,26 +192,31 @@ class Lab:
         self.cluster = found[0] if found else None
         return address
 
-    def down(self) -> str | None:
-        """Release this session's reservations, disconnect, and stop the emulated cluster.
+    @property
+    def started_cluster(self) -> emulator.EmulatedCluster | None:
+        """The emulated cluster this session started with :meth:`up` (stopped by :meth:`down`
+        and when the kernel exits), or ``None``."""
+        return self._started
 
-        Stops the cluster this session started (also after connecting elsewhere, e.g.
-        :meth:`connect_kuberay` through a port-forward), else the default-named one if it runs,
-        unless connected to KubeRay. Idempotent.
+    def down(self, name: str | None = None) -> str | None:
+        """Release this session's reservations, disconnect, and stop the emulated cluster this
+        session started (with :meth:`up`; also after connecting elsewhere since). Idempotent.
+
+        An emulated cluster this session only connected to (started by ``raytpu up`` or another
+        notebook) keeps running for its other users, unless named here.
+
+        Args:
+            name: Also stop the emulated cluster of this name (if it runs), whoever started it.
 
         Returns:
-            The name of the emulated cluster stopped, or ``None`` if none was running.
+            The name of the emulated cluster stopped, or ``None`` if none was.
         """
         self._close_sessions()
         for res in list(self._reservations.values()):
             res.release()
         self._reservations.clear()
-        # Connected to KubeRay: stop nothing local but what this session started (a default
-        # emulated cluster is not ours).
         started, self._started = self._started, None
-        cluster = self.cluster or started or (None if self.kuberay is not None else emulator.find())
-        if started is not None and cluster is not started and started.is_running():
-            started.down()  # connected elsewhere since `up`: still ours to stop
+        named = emulator.find(name) if name is not None else None
         self._drop_kuberay()
         self.refresher.stop()
         if self._map is not None:
@@ -219,10 +224,12 @@ class Lab:
         self.address = None
         self.cluster = None
         disconnect()
-        if cluster is None:
-            return None
-        cluster.down()
-        return cluster.name
+        stopped = None
+        for cluster in (started, named):
+            if cluster is not None and cluster.is_running():
+                cluster.down()
+                stopped = stopped or cluster.name
+        return stopped
 
     # -- state -----------------------------------------------------------------------------
 

@@ -50,7 +50,18 @@ class _Brief(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting the kernel."""
+    """argparse that raises instead of exiting the kernel, takes no abbreviated options (a typo
+    such as ``--slice`` must not quietly mean ``--slices``), and names a mistyped option before
+    complaining about the required one it hid."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._seen: list[str] = []
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        self._seen = list(args or [])
+        return super().parse_known_args(args, namespace)
 
     def exit(self, status: int = 0, message: str | None = None) -> Any:  # type: ignore[override]
         if message:
@@ -58,6 +69,10 @@ class _Parser(argparse.ArgumentParser):
         raise _HelpShown
 
     def error(self, message: str) -> Any:  # type: ignore[override]
+        unknown = [a for a in self._seen if a.startswith("-") and not a[1:2].isdigit()
+                   and a.split("=")[0] not in self._option_string_actions]
+        if unknown and message.startswith("the following arguments are required"):
+            message = f"unrecognized arguments: {' '.join(unknown)} ({message})"
         raise UsageError(f"{self.prog}: {message}\n(see %{self.prog} --help)")
 
 
@@ -79,7 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--manifest", metavar="FILE",
                     help="emulate this RayCluster manifest (its TPU worker groups) instead of --tpu")
 
-    sub.add_parser("down", help="release reservations, disconnect, stop the emulated cluster")
+    down = sub.add_parser("down", help="release reservations, disconnect, stop the emulated "
+                                       "cluster this session started")
+    down.add_argument("--name", default=None,
+                      help="also stop the emulated cluster of this name, whoever started it")
 
     conn = sub.add_parser("connect", help="connect to a running Ray cluster (or a RayCluster on Kubernetes)")
     conn.add_argument("address", nargs="?",
@@ -251,9 +269,17 @@ class RaytpuMagics(Magics):
         display(get_lab().status())
 
     def _do_down(self, args: argparse.Namespace, cell: str | None) -> None:
-        stopped = get_lab().down()
-        print(f"Disconnected; emulated cluster {stopped!r} stopped." if stopped
-              else "No emulated cluster was running; disconnected.")
+        lab = get_lab()
+        mine = lab.started_cluster.name if lab.started_cluster is not None else None
+        shared = lab.cluster if lab.cluster is not None and lab.cluster.name != mine else None
+        stopped = lab.down(args.name)
+        if stopped:
+            print(f"Disconnected; emulated cluster {stopped!r} stopped.")
+        elif shared is not None and shared.name != args.name:
+            print(f"Disconnected; emulated cluster {shared.name!r} keeps running (this session did "
+                  f"not start it). Stop it with %raytpu down --name {shared.name}.")
+        else:
+            print("Disconnected; no emulated cluster of this session was running.")
 
     def _do_connect(self, args: argparse.Namespace, cell: str | None) -> None:
         if args.kuberay:

@@ -44,8 +44,14 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+_REFUSED_GRACE_S = 3.0
+
+
 def probe(address: str, *, timeout_s: float = 15.0) -> None:
     """Check that something accepts TCP connections at ``address`` within ``timeout_s`` seconds.
+
+    A refused connection (nothing listens on that port) is retried for
+    ``min(3 s, timeout_s)`` only; timeouts and unreachable hosts for the whole ``timeout_s``.
 
     Raises:
         ConnectError: The address is malformed or nothing answered in time.
@@ -54,17 +60,27 @@ def probe(address: str, *, timeout_s: float = 15.0) -> None:
     if timeout_s <= 0:
         raise ConnectError(f"--timeout {timeout_s} is not allowed.", why="It must be above 0 s.",
                            fix="Pass a positive timeout, e.g. --timeout 15.", address=address)
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline = start + timeout_s
     last_error: OSError | None = None
+    refused_since: float | None = None
     while time.monotonic() < deadline:
         try:
             with socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())):
                 return
-        except OSError as err:
+        except ConnectionRefusedError as err:
+            # Nothing listens there. Give a head or a port-forward that is just starting a moment,
+            # not the whole timeout.
             last_error = err
-            time.sleep(0.25)
+            refused_since = refused_since or time.monotonic()
+            if time.monotonic() - refused_since >= min(_REFUSED_GRACE_S, timeout_s):
+                break
+        except OSError as err:
+            last_error, refused_since = err, None
+        time.sleep(0.25)
+    waited = time.monotonic() - start
     raise ConnectError(
-        f"Nothing answered at {address} within {timeout_s:.0f} s.",
+        f"Nothing answered at {address} within {waited:.0f} s.",
         why=f"TCP connection to {host}:{port} failed ({last_error}).",
         fix="Check the address (GCS port 6379, Ray Client port 10001), that the cluster is up "
             "(%raytpu up starts a local emulated one), or port-forward the head service.",

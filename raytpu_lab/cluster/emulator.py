@@ -265,7 +265,8 @@ def up(
         raise EmulatorError(
             f"An emulated cluster named {name!r} is already running at {running.address}.",
             why="Only one emulated cluster per name runs at a time.",
-            fix=f"Connect to it (%raytpu connect {running.address}) or stop it first (%raytpu down).",
+            fix=f"Connect to it (%raytpu connect {running.address}) or stop it first "
+                f"(%raytpu down --name {name}, or raytpu down --name {name} in a shell).",
         )
     folder = state_root() / name
     _check_socket_room(folder)
@@ -432,6 +433,12 @@ def _check_machine_size(hosts: int) -> None:
 # refuses paths over 107 bytes (AF_UNIX); the session part takes up to 63 of them.
 _SOCKET_PATH_MAX = 107
 _SESSION_AND_SOCKET = len("/session_2026-11-30_12-39-30_311840_4194304/sockets/plasma_store")
+
+
+def max_name_length() -> int:
+    """The longest cluster name whose folder under :func:`state_root` leaves room for Ray's Unix
+    socket paths (at most 107 bytes on Linux)."""
+    return _SOCKET_PATH_MAX - _SESSION_AND_SOCKET - len(str(state_root() / "x" / "h999")) + 1
 
 
 def _check_socket_room(folder: Path) -> None:

@@ -86,7 +86,8 @@ def up_from_manifest(manifest: str | Path | Mapping[str, Any], *, name: str | No
 
     Args:
         manifest: A file path (YAML/JSON) or the manifest dict.
-        name: Emulated cluster name; the manifest's ``metadata.name`` when ``None``.
+        name: Emulated cluster name; the manifest's ``metadata.name`` when ``None`` (cut to
+            :func:`~raytpu_lab.cluster.emulator.max_name_length` characters if longer).
         timeout_s: Seconds to wait for every node to start.
 
     Returns:
@@ -105,5 +106,9 @@ def up_from_manifest(manifest: str | Path | Mapping[str, Any], *, name: str | No
                             why="None of its worker groups requests google.com/tpu with replicas > 0.",
                             fix="Add a TPU worker group (raytpu_lab.kuberay.build_raycluster builds one).",
                             source=source)
-    return emulator.up(name=name or plan.name or emulator.DEFAULT_NAME, timeout_s=timeout_s,
+    if name is None and plan.name:
+        # The manifest's name, cut to what Ray's socket paths leave room for (KubeRay sample
+        # names such as "raycluster-tpu-v4-multihost" are longer).
+        name = plan.name[:emulator.max_name_length()].rstrip("-.") or emulator.DEFAULT_NAME
+    return emulator.up(name=name or emulator.DEFAULT_NAME, timeout_s=timeout_s,
                        groups=groups, namespace=plan.namespace or "default")

@@ -26,8 +26,12 @@ def test_down_of_a_missing_cluster_is_not_an_error(tmp_path: Path, monkeypatch: 
 def test_status_without_address_or_cluster_fails_with_a_hint(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("RAYTPU_EMULATOR_ROOT", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert cli.main(["status"]) == 1
-    assert "pass HOST:PORT" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "No Ray cluster to connect to" in err and "%raytpu up" in err
+    assert cli.main(["status", "--name", "nope"]) == 1
+    assert "raytpu list shows the running ones" in capsys.readouterr().err
 
 
 def test_an_invalid_shape_prints_what_why_fix_and_exits_1(
@@ -58,3 +62,18 @@ def test_a_bad_manifest_is_refused_before_anything_starts(
 def test_manifest_and_tpu_do_not_mix(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["up", "--manifest", "x.yaml", "--tpu", "v6e:4x4"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_a_long_manifest_name_is_cut_to_fit_rays_socket_paths(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from raytpu_lab.cluster import emulator, kuberay_emulator
+
+    monkeypatch.setenv("RAYTPU_EMULATOR_ROOT", "/tmp/raytpu")
+    asked: list[str] = []
+    monkeypatch.setattr(emulator, "up", lambda **kw: asked.append(kw["name"]))
+    sample = Path(__file__).parents[1] / "fixtures/kuberay_samples/ray-cluster.tpu-v4-multihost.yaml"
+    kuberay_emulator.up_from_manifest(sample)
+    assert asked == ["raycluster-tpu-v4-multihos"]  # metadata.name, 27 characters
+    emulator._check_socket_room(emulator.state_root() / asked[0])  # fits
+    with pytest.raises(Exception, match="too long"):
+        emulator._check_socket_room(emulator.state_root() / (asked[0] + "t"))

@@ -41,3 +41,18 @@ def test_nothing_to_connect_to_says_what_to_do(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(ConnectError, match="No Ray cluster to connect to") as err:
         lab_module.default_address()
     assert "%raytpu up" in err.value.fix and "--kuberay" in err.value.fix
+
+
+def test_a_refused_connection_fails_in_seconds_not_the_whole_timeout() -> None:
+    import socket
+    import time
+
+    from raytpu_lab.cluster.connect import probe
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(ConnectError, match="Connection refused"):
+        probe(f"127.0.0.1:{port}", timeout_s=15)
+    assert time.monotonic() - start < 6

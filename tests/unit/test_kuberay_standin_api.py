@@ -463,6 +463,9 @@ def test_down_while_on_kuberay_stops_no_local_emulator(monkeypatch: pytest.Monke
     class _Local:
         name = "raytpu"
 
+        def is_running(self) -> bool:
+            return True
+
         def down(self) -> None:
             stopped.append(self.name)
 
@@ -475,7 +478,8 @@ def test_down_while_on_kuberay_stops_no_local_emulator(monkeypatch: pytest.Monke
     lab.kuberay = _Target()  # type: ignore[assignment]
     assert lab.down() is None
     assert stopped == [] and closed == [True] and lab.kuberay is None
-    assert lab.down() == "raytpu"  # without KubeRay, down still stops the default emulator
+    assert lab.down() is None  # a cluster this session did not start keeps running...
+    assert lab.down("raytpu") == "raytpu"  # ...unless named
     assert stopped == ["raytpu"]
 
 

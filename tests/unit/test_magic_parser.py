@@ -70,3 +70,14 @@ def test_torch_arguments() -> None:
                                       "--backend", "tpu_dist", "--chips-per-worker", "2"])
     assert (args.topology, args.version, args.slices, args.backend, args.chips_per_worker,
             args.out) == ("2x2x2", "v5p", 1, "tpu_dist", 2, "last_run")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["reserve", "2x2x2", "--versoin", "v4"], "unrecognized arguments: --versoin"),
+    (["reserve", "2x2x2", "--version", "v4", "--slice", "2"], "unrecognized arguments: --slice 2"),
+])
+def test_typos_in_options_are_named_not_guessed(argv: list[str], needle: str) -> None:
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match=needle):
+        build_parser().parse_args(argv)
