@@ -65,7 +65,7 @@ class _StreamReports(UserCallback):
             # Not Queue.put_nowait, which waits for the queue actor: this runs in the controller's
             # loop, and while it waits no worker's next ray.train.report can be taken in. One
             # caller's calls to the queue actor run in order; a full queue drops the rows.
-            self._queue.actor.put_nowait.remote({"kind": "reports", "rows": rows})
+            self._queue.actor.put_nowait.remote({"kind": "reports", "rows": rows})  # type: ignore[union-attr]
         except Exception:  # a gone queue must never fail the training run
             pass
 
