@@ -26,6 +26,7 @@ from IPython.display import display
 from raytpu_lab.cluster.emulator import DEFAULT_NAME
 from raytpu_lab.errors import RaytpuError, RemoteHostError, ReservationError, TrainingConfigError
 from raytpu_lab.lab import get_lab
+from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.run import RunHandle
 from raytpu_lab.widgets.profile_view import ProfileView
 from raytpu_lab.widgets.run_dashboard import RunDashboard
@@ -481,8 +482,8 @@ class RaytpuMagics(Magics):
                      if s["recompilation_storm"] else "")
             xla = (f" {s['workers']} workers, {s['backend']}, PJRT {s['pjrt_device']}, "
                    f"{s['xla_compiles']} XLA compiles{storm};")
-        print(f"Run {s['name']!r} {state} on {', '.join(s['slices']) or '?'}:{xla} {s['steps']} "
-              f"steps in {s['wall_s']} s ({s['steps_per_s']} steps/s); final "
+        print(f"Run {s['name']!r} {state} on {', '.join(s['slices']) or '?'}:{xla} "
+              f"{_n(s['steps'], 'step')} in {s['wall_s']} s ({s['steps_per_s']} steps/s); final "
               f"{s['final_metrics']}. Result in `{args.out}`.")
         if "backend" in s:
             display(XlaMetricsView.of(run))
@@ -502,6 +503,15 @@ class RaytpuMagics(Magics):
                     fix="Reserve it first (%raytpu reserve ...), or attach a detached one "
                         "(%raytpu attach NAME).")
             if res is not None:
+                shape = res.shape
+                clash = []
+                if args.version and not _is_shape(args.version, shape.topology, shape):
+                    clash.append(f"--version {args.version} (the reservation's is {shape.version})")
+                if args.topology and not _is_shape(shape.version, args.topology, shape):
+                    clash.append(f"--topology {args.topology} (the reservation's is {shape.topology})")
+                if clash:
+                    raise UsageError(f"raytpu {args.command}: --reservation {res.name} runs on its "
+                                     f"own slices; drop {', '.join(clash)}.")
                 args.topology = args.topology or res.shape.topology
                 args.version = args.version or res.shape.version
                 if args.slices == 1:
@@ -551,9 +561,12 @@ class RaytpuMagics(Magics):
         elif "train_loop_per_worker" in defs:
             name = "train_loop_per_worker"
         else:
+            if not defs:
+                raise UsageError("The cell defines no function; define the per-worker training "
+                                 "function in it (def train_loop_per_worker(config): ...).")
             raise UsageError(
-                f"The cell defines {len(defs)} functions ({', '.join(defs) or 'none'}); "
-                "define one per-worker training function, or pick one with --fn NAME.")
+                f"The cell defines {len(defs)} functions ({', '.join(defs)}); define one "
+                "per-worker training function, or pick one with --fn NAME.")
         fn = self._shell.user_ns.get(name)
         if not callable(fn):
             raise UsageError(f"--fn {name}: no function of that name in the cell.")
@@ -682,6 +695,14 @@ async def _with_brief_errors(args: argparse.Namespace, coro: Coroutine[Any, Any,
 def _run_name(fn: Callable[..., Any]) -> str:
     """Default run name: the function's name and the time, e.g. ``train_loop_per_worker-165053``."""
     return f"{fn.__name__}-{time.strftime('%H%M%S')}"
+
+
+def _is_shape(version: str, topology: str, shape: SliceShape) -> bool:
+    """Whether ``version`` and ``topology`` name ``shape`` (aliases such as v5e included)."""
+    try:
+        return SliceShape.of(version, topology) == shape
+    except RaytpuError:
+        return False
 
 
 def _n(count: int, noun: str) -> str:

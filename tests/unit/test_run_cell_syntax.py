@@ -60,3 +60,27 @@ def test_a_called_function_traceback_starts_in_the_function() -> None:
 
     error = _HostProcess(rank=0).run(None, boom)["error"]
     assert "spmd.py" not in error and "in boom" in error and "ValueError: bad shard" in error
+
+
+@pytest.mark.parametrize("extra, needle, ok", [
+    ("--topology 4x4", "drop --topology 4x4 (the reservation's is 2x2x2)", False),
+    ("--version v6e", "drop --version v6e (the reservation's is v4)", False),
+    ("--topology 2x2x2 --version v4", "", True),
+])
+def test_jax_on_a_reservation_refuses_a_different_shape(ip, monkeypatch, extra, needle, ok) -> None:
+    from types import SimpleNamespace
+
+    from raytpu_lab.tpu.topology import SliceShape
+
+    held = SimpleNamespace(name="r1", shape=SliceShape.of("v4", "2x2x2"), slice_names=["s0"])
+    monkeypatch.setattr(Lab, "reservations", lambda self: [held])
+    launched: list[str] = []
+    monkeypatch.setattr(Lab, "start_jax", lambda self, *a, **kw: launched.append(a[1]))
+    with capture_output() as out:
+        ip.run_cell(f"%%raytpu jax --reservation r1 {extra}\ndef f(config):\n    pass\n",
+                    store_history=False)
+    text = out.stdout + out.stderr
+    if ok:
+        assert launched == ["2x2x2"], text
+    else:
+        assert needle in text and launched == [], text
