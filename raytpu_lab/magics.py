@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="slices, hosts and chips: table and map")
 
     live = sub.add_parser("map", help="the live topology map (one per session, refreshed in the background)")
-    live.add_argument("--interval", type=float, help="seconds between refreshes (default 1)")
+    live.add_argument("--interval", type=_positive_seconds,
+                      help="seconds between refreshes (default 1)")
     live.add_argument("--pause", action="store_true", help="stop refreshing (the map keeps its state)")
     live.add_argument("--resume", action="store_true", help="refresh again")
 
@@ -695,6 +696,17 @@ async def _with_brief_errors(args: argparse.Namespace, coro: Coroutine[Any, Any,
 def _run_name(fn: Callable[..., Any]) -> str:
     """Default run name: the function's name and the time, e.g. ``train_loop_per_worker-165053``."""
     return f"{fn.__name__}-{time.strftime('%H%M%S')}"
+
+
+def _positive_seconds(text: str) -> float:
+    """argparse type: a number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} s: it must be above 0")
+    return value
 
 
 def _is_shape(version: str, topology: str, shape: SliceShape) -> bool:

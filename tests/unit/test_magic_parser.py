@@ -81,3 +81,11 @@ def test_typos_in_options_are_named_not_guessed(argv: list[str], needle: str) ->
 
     with pytest.raises(UsageError, match=needle):
         build_parser().parse_args(argv)
+
+
+def test_map_interval_must_be_positive() -> None:
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match="--interval: 0 s: it must be above 0"):
+        build_parser().parse_args(["map", "--interval", "0"])
+    assert build_parser().parse_args(["map", "--interval", "0.5"]).interval == 0.5
