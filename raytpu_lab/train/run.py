@@ -300,9 +300,14 @@ class RunHandle:
     def _is_ours(self, batch: dict[str, Any]) -> bool:
         """A log batch Ray would print for this run: its workers' or controller's pids, or, since
         a worker can print (and fail) before its placement row reaches us, any Ray Train
-        worker or controller of this job while the run lives."""
+        worker or controller of this job while the run lives. Also the autoscaler's "No
+        available node types can fulfill placement group requests" while a slice is being
+        placed: on the emulator (no autoscaler) and while a reservation's other slices are
+        fenced (pending on purpose) it only misleads; a run that cannot be placed says so itself."""
         if str(batch.get("pid")) in self._pids:
             return True
+        if batch.get("pid") == "autoscaler":
+            return any(_UNPLACEABLE in str(line) for line in batch.get("lines") or [])
         return (batch.get("job") == self._job_id
                 and str(batch.get("actor_name") or "").startswith(_TRAIN_ACTORS))
 
@@ -373,6 +378,9 @@ class RunHandle:
         except Exception:
             return []
         return [pg for pg in self._pg_ids if table.get(pg, {}).get("state") not in (None, "REMOVED")]
+
+
+_UNPLACEABLE = "No available node types can fulfill placement group requests"
 
 
 @contextlib.contextmanager

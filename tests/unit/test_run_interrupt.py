@@ -24,3 +24,18 @@ def test_ctrl_c_raises_keyboard_interrupt_then_the_old_handler_is_back() -> None
         assert signal.getsignal(signal.SIGINT) is stale_ray_handler
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_the_autoscalers_unplaceable_notice_is_muted_with_the_run_other_lines_are_not() -> None:
+    from types import SimpleNamespace
+
+    from raytpu_lab.train.run import RunHandle
+
+    run = SimpleNamespace(_pids={"123"}, _job_id="01000000")
+    is_ours = RunHandle._is_ours
+    assert is_ours(run, {"pid": 123, "lines": ["step 1"]})
+    assert is_ours(run, {"pid": "autoscaler", "lines": [
+        "Warning: The following resource request cannot be scheduled right now: "
+        "No available node types can fulfill placement group requests (detail: ...)"]})
+    assert not is_ours(run, {"pid": "autoscaler", "lines": ["Adding 2 node(s) of type tpu-v6e"]})
+    assert not is_ours(run, {"pid": 999, "job": "02000000", "lines": ["other job"]})
