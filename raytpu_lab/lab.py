@@ -55,7 +55,6 @@ __all__ = ["Lab", "get_lab"]
 _NODE_JOIN_TIMEOUT_S = 90.0
 
 
-
 def default_address() -> str:
     """The Ray address to use when none is given: ``$RAY_ADDRESS``, else the one emulated
     cluster running on this machine.
@@ -78,6 +77,7 @@ def default_address() -> str:
                        fix="Give the address (%raytpu connect HOST:6379, or ray://HOST:10001), "
                            "connect to a RayCluster on Kubernetes (%raytpu connect --kuberay "
                            "NAME), or start an emulated cluster (%raytpu up).")
+
 
 class Lab:
     """A notebook's view of one Ray cluster with TPU slices.
@@ -536,7 +536,6 @@ class Lab:
         """
         shape = SliceShape.of(version, topology)
         _require_positive("slices", slices)
-        window = parse_profile_window(profile) if profile is not None else None
         _require_config_dict(config)
         accepts_config(train_fn)
         window = parse_profile_window(profile) if profile is not None else None

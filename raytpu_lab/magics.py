@@ -503,20 +503,19 @@ class RaytpuMagics(Magics):
                     why=f"Reservations held: {held}.",
                     fix="Reserve it first (%raytpu reserve ...), or attach a detached one "
                         "(%raytpu attach NAME).")
-            if res is not None:
-                shape = res.shape
-                clash = []
-                if args.version and not _is_shape(args.version, shape.topology, shape):
-                    clash.append(f"--version {args.version} (the reservation's is {shape.version})")
-                if args.topology and not _is_shape(shape.version, args.topology, shape):
-                    clash.append(f"--topology {args.topology} (the reservation's is {shape.topology})")
-                if clash:
-                    raise UsageError(f"raytpu {args.command}: --reservation {res.name} runs on its "
-                                     f"own slices; drop {', '.join(clash)}.")
-                args.topology = args.topology or res.shape.topology
-                args.version = args.version or res.shape.version
-                if args.slices == 1:
-                    args.slices = len(res.slice_names)
+            shape = res.shape
+            clash = []
+            if args.version and not _is_shape(args.version, shape.topology, shape):
+                clash.append(f"--version {args.version} (the reservation's is {shape.version})")
+            if args.topology and not _is_shape(shape.version, args.topology, shape):
+                clash.append(f"--topology {args.topology} (the reservation's is {shape.topology})")
+            if clash:
+                raise UsageError(f"raytpu {args.command}: --reservation {res.name} runs on its "
+                                 f"own slices; drop {', '.join(clash)}.")
+            args.topology = args.topology or res.shape.topology
+            args.version = args.version or res.shape.version
+            if args.slices == 1:
+                args.slices = len(res.slice_names)
         if not args.topology or not args.version:
             raise UsageError("raytpu jax: --topology and --version are required (or --reservation "
                              "NAME of this session's reservations)")

@@ -6,24 +6,22 @@ returns what the launcher needs:
 - :func:`installed_versions` / :func:`check_torch_versions`: ``torch`` and ``torch_xla`` present
   and built for each other (read from package metadata, so nothing heavy is imported).
 - :func:`workers_per_run`: one Ray Train worker per ``chips_per_worker`` chips, never across hosts.
-- :func:`takes_config`: the training function's signature is one Ray Train can call.
+
+The training function's signature is checked by the rule every run uses,
+:func:`raytpu_lab.train.worker_tap.accepts_config`.
 """
 
 from __future__ import annotations
 
-import inspect
 import re
-from collections.abc import Callable
 from importlib import metadata
-from typing import Any
 
 from raytpu_lab.errors import TrainingConfigError
 from raytpu_lab.tpu.topology import SliceShape
-from raytpu_lab.train.worker_tap import accepts_config
 
 __all__ = [
     "BACKENDS", "TORCH_EXTRA", "check_backend", "check_torch_versions", "installed_versions",
-    "takes_config", "workers_per_run",
+    "workers_per_run",
 ]
 
 TORCH_EXTRA = "pip install 'raytpu_lab[torch]'"
@@ -110,23 +108,3 @@ def workers_per_run(shape: SliceShape, num_slices: int, chips_per_worker: int = 
             fix=f"Ask for a divisor of {shape.chips_per_host} chips per worker (1 is one worker "
                 "per chip, the PyTorch/XLA default).")
     return shape.num_chips * num_slices // chips_per_worker
-
-
-def takes_config(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` can be given the config: ``fn(config)`` (True) or only ``fn()`` (False).
-
-    Refuses what Ray Train refuses, by the same rule as every run
-    (:func:`raytpu_lab.train.worker_tap.accepts_config`); a config parameter with a default, or
-    ``*args``, still gets the config here.
-
-    Raises:
-        TrainingConfigError: ``fn`` is not callable, or needs more than one argument, or only
-            keyword arguments.
-    """
-    accepts_config(fn)
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return True
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return bool(positional) or any(p.kind == p.VAR_POSITIONAL for p in params)

@@ -38,9 +38,9 @@ from raytpu_lab.train.torch_checks import (
     check_backend,
     check_torch_versions,
     installed_versions,
-    takes_config,
     workers_per_run,
 )
+from raytpu_lab.train.worker_tap import accepts_config
 from raytpu_lab.train.xla_profile import CompileTrend, recompilation_storm, xla_metrics_by_rank
 
 __all__ = ["TorchRunResult", "check_torch_run", "is_emulated", "launch_torch", "resolve_backend",
@@ -127,7 +127,7 @@ def check_torch_run(train_fn: Callable[..., Any], shape: SliceShape, num_slices:
     """
     check_torch_versions(*installed_versions())
     check_backend(backend)
-    takes_config(train_fn)
+    accepts_config(train_fn)
     return workers_per_run(shape, num_slices, chips_per_worker)
 
 
