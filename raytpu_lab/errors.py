@@ -75,7 +75,42 @@ class InvalidTopologyError(RaytpuError, ValueError):
     """A generation, topology or spec that Ray would not accept.
 
     Raised before anything is requested from Ray.
+
+    Attributes:
+        version: The generation asked for (Ray's accelerator version, e.g. ``"v6e"``), or ``""``
+            when it is unknown.
+        topology: The topology asked for, as given, or ``""``.
+        nearest: Valid topologies of ``version`` nearest to ``topology`` (chip count, then
+            dimensions), nearest first; ``[]`` when there is nothing to compare. Front ends
+            phrase them in the syntax of the command that failed (``--tpu v6e:4x4``,
+            ``reserve 4x4 --version v6e``, ``--topology 4x4 --version v6e``).
     """
+
+    def __init__(self, what: str, why: str = "", fix: str = "", *, version: str = "",
+                 topology: str = "", nearest: list[str] | None = None) -> None:
+        self.version = version
+        self.topology = topology
+        self.nearest = list(nearest or [])
+        super().__init__(what, why, fix)
+
+    def in_syntax(self, form: str) -> InvalidTopologyError:
+        """This error with its suggestion written the way the failed command takes a shape.
+
+        Args:
+            form: The command's shape syntax with ``{version}`` and ``{topology}``, e.g.
+                ``"reserve {topology} --version {version}"`` or ``"--tpu {version}:{topology}"``.
+
+        Returns:
+            A copy whose fix names the nearest valid shape in that syntax (and the next nearest
+            topologies), or this error itself when there is nothing to suggest.
+        """
+        if not self.nearest or not self.version:
+            return self
+        first, *others = self.nearest
+        also = f" (or {', '.join(others)})" if others else ""
+        fix = f"Use the nearest valid shape: {form.format(version=self.version, topology=first)}{also}."
+        return InvalidTopologyError(self.what, self.why, fix, version=self.version,
+                                    topology=self.topology, nearest=self.nearest)
 
 
 class NotConnectedError(RaytpuError):

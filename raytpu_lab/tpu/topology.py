@@ -35,6 +35,7 @@ __all__ = [
     "SliceShape",
     "normalize_version",
     "valid_topologies",
+    "nearest_topologies",
     "slice_shape",
     "parse_spec",
     "split_pod_type",
@@ -196,6 +197,42 @@ def valid_topologies(version: str) -> list[str]:
     return sorted(GENERATIONS[normalize_version(version)].valid_topologies, key=_topology_key)
 
 
+def nearest_topologies(version: str, topology: str, count: int = 3) -> list[str]:
+    """The valid topologies of a generation nearest to ``topology``, nearest first.
+
+    Nearest means closest in chip count (by ratio: 20 chips is nearer 16 than 32), then in the
+    chips along each axis (a missing axis counts as 1), then fewer chips. A topology that does
+    not parse (``"abc"``) has no chip count: the smallest valid ones are returned.
+
+    Args:
+        version: A generation name (see :func:`normalize_version`).
+        topology: What was asked for, e.g. ``"4x5"``.
+        count: How many to return, at most.
+
+    Returns:
+        e.g. ``["4x4", "2x8", "4x8"]`` for ``("v6e", "4x5")``.
+
+    Raises:
+        InvalidTopologyError: The generation is unknown.
+    """
+    names = valid_topologies(version)
+    text = str(topology).strip().lower()
+    if not _TOPOLOGY_RE.match(text):
+        return names[:count]
+    want = [int(d) for d in text.split("x")]
+    chips = max(1, math.prod(want))
+
+    def distance(name: str) -> tuple[float, int, int]:
+        dims = [int(d) for d in name.split("x")]
+        n = max(len(dims), len(want))
+        a = sorted(dims + [1] * (n - len(dims)))
+        b = sorted(want + [1] * (n - len(want)))
+        return (abs(math.log(math.prod(dims) / chips)),
+                sum(abs(x - y) for x, y in zip(a, b, strict=True)), math.prod(dims))
+
+    return sorted((n for n in names if n != text), key=distance)[:count]
+
+
 def _listing(version: str, limit: int = 14) -> str:
     names = valid_topologies(version)
     shown = ", ".join(names[:limit])
@@ -239,9 +276,12 @@ class SliceShape:
                 f"A topology is chips along each axis, {gen.ndims}-D for {version}, "
                 f"e.g. {valid_topologies(version)[1]!r}.",
                 f"Use one of: {_listing(version)}.",
+                version=version, topology=str(self.topology),
+                nearest=nearest_topologies(version, topology),
             )
         ndims = topology.count("x") + 1
         if topology not in gen.valid_topologies:
+            nearest = nearest_topologies(version, topology)
             why = (f"{version} is a {gen.ndims}-D generation; its topologies have {gen.ndims} "
                    "dimensions." if ndims != gen.ndims else
                    f"Ray 2.60 (VALID_TPU_TOPOLOGY) accepts only these for {version}.")
@@ -249,7 +289,8 @@ class SliceShape:
                 f"{version} {topology} is not a valid topology for {version}. "
                 f"Valid: {_listing(version)}.",
                 why,
-                f"Pick one of the valid topologies, e.g. '{version}:{valid_topologies(version)[0]}'.",
+                f"Pick a valid one; nearest: {', '.join(nearest)} ({version}).",
+                version=version, topology=topology, nearest=nearest,
             )
         num_chips = math.prod(int(d) for d in topology.split("x"))
         cph = self.chips_per_host or _ray_default_chips_per_host(version, topology, num_chips)
