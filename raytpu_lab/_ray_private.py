@@ -12,7 +12,7 @@ from typing import Any
 
 __all__ = ["abort_train_controller", "remove_placement_group_by_id", "available_resources_per_node",
            "controller_announcer", "ensure_auth_token", "enable_token_auth", "muted_worker_logs",
-           "wrap_train_report"]
+           "wrap_train_report", "ray_cli_main", "route_agents"]
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
@@ -179,3 +179,49 @@ def wrap_train_report(hook: Callable[..., Any]) -> Callable[[], None]:
             del utils.report
 
     return undo
+
+
+def ray_cli_main(argv: list[str] | None) -> int:
+    """Run Ray's command line (``ray <argv>``) in this process; with ``None``, only import it.
+
+    ``ray.scripts.scripts.main`` is what the ``ray`` console script runs (Ray 2.60); the
+    emulator's launcher imports it once and forks a child per node to run ``ray start``.
+    Returns the exit code (Ray's CLI ends with ``SystemExit``, which is turned into the code).
+    """
+    import sys
+
+    from ray.scripts import scripts
+
+    if argv is None:
+        return 0
+    sys.argv = ["ray", *argv]
+    try:
+        scripts.main()
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    return 0
+
+
+def route_agents(prefix: list[str]) -> None:
+    """Make Ray start this process's nodes' dashboard and runtime-env agents as ``prefix +
+    [agent script, args...]`` instead of ``python -u [agent script, args...]``.
+
+    Ray 2.60 builds both agent commands in ``ray._private.services.start_raylet`` from
+    ``_build_python_executable_command_memory_profileable(component, session_dir)`` (the
+    interpreter and ``-u``) and hands them to the raylet (``--dashboard_agent_command``,
+    ``--runtime_env_agent_command``); only those two components are routed. The emulator's node
+    launcher calls this in the forked child that runs ``ray start`` for a host.
+    """
+    from ray._private import ray_constants, services
+
+    original = services._build_python_executable_command_memory_profileable
+    agents = {ray_constants.PROCESS_TYPE_DASHBOARD_AGENT,
+              ray_constants.PROCESS_TYPE_RUNTIME_ENV_AGENT}
+
+    def build(component: str, session_dir: str, unbuffered: bool = True) -> list[str]:
+        if component in agents:
+            return list(prefix)
+        result: list[str] = original(component, session_dir, unbuffered)
+        return result
+
+    services._build_python_executable_command_memory_profileable = build

@@ -12,7 +12,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from raytpu_lab.errors import RaytpuError
+from raytpu_lab._argtypes import positive_seconds
+from raytpu_lab.errors import InvalidTopologyError, RaytpuError
 
 __all__ = ["main"]
 
@@ -31,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--manifest", metavar="FILE",
                     help="emulate the TPU worker groups of a KubeRay RayCluster manifest "
                          "(YAML/JSON) instead of --tpu/--slices")
+    up.add_argument("--timeout", type=positive_seconds, default=180.0,
+                    help="seconds to wait for every node to start (default 180)")
 
     down = sub.add_parser("down", help="stop an emulated cluster")
     down.add_argument("--name", default=None, help="cluster name (default raytpu)")
@@ -50,12 +53,36 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Errors users can cause print their what / why / what-to-do block on stderr, no traceback.
     """
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # blamed on the subcommand that got them, with its usage (exits 2)
+        _subparser(parser, args.command).error(
+            f"unrecognized arguments: {' '.join(extras)} (see raytpu {args.command} --help)")
     try:
         return _COMMANDS[args.command](args)
+    except InvalidTopologyError as err:
+        print(str(err.in_syntax("--tpu {version}:{topology}") if args.command == "up" else err),
+              file=sys.stderr)
+        return 1
     except RaytpuError as err:
         print(str(err), file=sys.stderr)
         return 1
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]  # type: ignore[no-any-return]
+    return parser
+
+
+def _progress(up: int, expected: int) -> None:
+    """Hosts up / expected on stderr: one line rewritten in a terminal, a line per host else."""
+    line = f"starting emulated TPU hosts: {up} / {expected} up"
+    if sys.stderr.isatty():
+        print("\r" + line, end="", file=sys.stderr, flush=True)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -67,10 +94,14 @@ def _up(args: argparse.Namespace) -> int:
             return 2
         from raytpu_lab.cluster.kuberay_emulator import up_from_manifest
 
-        cluster = up_from_manifest(args.manifest, name=args.name)
+        cluster = up_from_manifest(args.manifest, name=args.name, timeout_s=args.timeout,
+                                   progress=_progress)
     else:
         specs = [(spec, args.slices) for spec in (args.tpu or ["v6e:4x4"])]
-        cluster = emulator.up(specs, name=args.name or emulator.DEFAULT_NAME)
+        cluster = emulator.up(specs, name=args.name or emulator.DEFAULT_NAME,
+                              timeout_s=args.timeout, progress=_progress)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
     hosts = len(cluster.hosts)
     print(f"Emulated cluster {cluster.name!r}: {hosts} TPU host{'s' * (hosts != 1)} at {cluster.address}")
     print(f"  dashboard  {cluster.dashboard_url}")

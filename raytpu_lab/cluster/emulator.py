@@ -1,6 +1,7 @@
 """A local emulated TPU cluster: a real Ray head and one real Ray node per TPU host.
 
-Each host node is started with ``ray start`` and the environment a GKE TPU pod gets
+Each host node is started with ``ray start`` (daemonised, tracked by process group, see
+:mod:`raytpu_lab.cluster._nodes`), its own loopback address, and the environment a GKE TPU pod gets
 (:func:`raytpu_lab.cluster.gke_env.tpu_host_environment`) plus ``--resources={"TPU": chips}``, as
 KubeRay does. Ray then derives the TPU labels and the ``TPU-<pod type>-head`` resource itself, so
 ``ray.util.tpu.slice_placement_group`` and ``JaxTrainer(use_tpu=True)`` run unmodified. JAX on an
@@ -14,26 +15,28 @@ that another process can find or stop the cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
 
 from raytpu_lab import _ray_private
+from raytpu_lab.cluster import _nodes
+from raytpu_lab.cluster._nodes import AUTH_ENV
 from raytpu_lab.cluster.gke_env import (
     EMULATED_LABEL,
     container_environment,
     emulated_jax_environment,
+    emulated_slice_environment,
     emulated_torch_xla_environment,
     group_name,
     head_environment,
@@ -53,19 +56,14 @@ __all__ = [
 DEFAULT_NAME = "raytpu"
 _HEAD_NUM_CPUS = 2
 _HOST_NUM_CPUS = 4
-_OBJECT_STORE_BYTES = 128 * 1024 * 1024  # per node; Ray's minimum is 75 MiB
-_STARTED_MARK = "Ray runtime started"
-_MAX_STARTING = 4
-_START_ATTEMPTS = 5
-_REGISTRATION_TIMEOUT_MARK = "timed out during startup"
-HOST_MEMORY_BYTES = 280 * 1024 * 1024
-"""Memory one emulated host costs (raylet, dashboard agent, runtime-env agent), measured."""
-HOSTS_PER_CORE = 12
-"""More emulated hosts than this per CPU core miss Ray's fixed 30 s node-registration window."""
-AUTH_ENV = {"RAY_AUTH_MODE": "token"}
-"""Environment every emulated node runs with, and a driver needs to connect: Ray token auth with
-the token in Ray's default file ``~/.ray/auth_token`` (Ray listens on every interface, so a local
-cluster without a token would take code from anyone on the network)."""
+HOST_MEMORY_BYTES = 100 * 1024 * 1024
+"""Memory one emulated host costs, rounded up: PSS of its raylet ~10 MB, two agent shims ~9 MB and
+its two agents forked from the cluster's agent fork server ~65 MB (``benchmarks/emulator.py``,
+Ray 2.60, a driver connected); the head costs about 760 MB."""
+_HEAD_MEMORY_BYTES = 800 * 1024 * 1024
+HOSTS_PER_CORE = 40
+"""Emulated hosts per CPU core ``up`` accepts: their idle daemons poll, and at 64 hosts on 2 cores
+(a v6e 16x16) a machine stays usable (see ``benchmarks/emulator.py``)."""
 
 
 def state_root() -> Path:
@@ -84,8 +82,9 @@ class EmulatedHost:
         slice_name: ``TPU_NAME`` of its slice, e.g. ``"tpu-v6e-4x4-0"``.
         worker_id: ``TPU_WORKER_ID`` within the slice.
         spec: ``"<version>:<topology>"`` of its slice.
-        pid: Process id of its ``ray start --block`` process.
+        pid: Process-group id of its Ray daemons (raylet and agents).
         group: Its worker group's name (``RAY_NODE_TYPE_NAME``).
+        ip: Its own address (``--node-ip-address``), a loopback address ``127.K.x.y``.
     """
 
     slice_name: str
@@ -93,6 +92,7 @@ class EmulatedHost:
     spec: str
     pid: int
     group: str = ""
+    ip: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -131,10 +131,12 @@ class EmulatedCluster:
         address: GCS address of the head, ``"127.0.0.1:<port>"``; pass it to ``ray.init``.
         dashboard_url: The Ray dashboard, ``"http://127.0.0.1:<port>"``.
         specs: ``[(spec, slices)]`` it was started with, e.g. ``[("v6e:4x4", 2)]``.
-        head_pid: Process id of the head's ``ray start --block``.
+        head_pid: Process-group id of the head's Ray daemons (GCS, dashboard, raylet, agents).
         hosts: One entry per TPU host.
         namespace: The Kubernetes namespace its hosts' environment names (``RAY_CLUSTER_NAMESPACE``).
         client_port: The head's Ray Client server port (``ray://127.0.0.1:<port>``), or 0.
+        agents_pid: Process-group id of the hosts' agent fork server and the agents it forked
+            (``_agent_forkserver.py``), or 0.
     """
 
     name: str
@@ -145,6 +147,7 @@ class EmulatedCluster:
     hosts: list[EmulatedHost] = field(default_factory=list)
     namespace: str = "default"
     client_port: int = 0
+    agents_pid: int = 0
 
     @property
     def folder(self) -> Path:
@@ -159,26 +162,41 @@ class EmulatedCluster:
             counts[host.slice_name] = counts.get(host.slice_name, 0) + 1
         return counts
 
+    def holds(self, specs: Sequence[tuple[str, int]]) -> bool:
+        """Whether it was started with at least these slices: ``[(spec, slices)]``, e.g.
+        ``[("v6e:4x4", 2)]``; specs are compared by shape, so ``"v5e:2x2"`` matches
+        ``"v5litepod:2x2"``.
+
+        Raises:
+            InvalidTopologyError: A spec is not valid for its generation.
+        """
+        def count(pairs: Sequence[tuple[str, int]]) -> Counter[SliceShape]:
+            counts: Counter[SliceShape] = Counter()
+            for spec, n in pairs:
+                counts[parse_spec(spec)] += int(n)
+            return counts
+
+        have, want = count(self.specs), count(specs)
+        return all(have[shape] >= n for shape, n in want.items())
+
     def is_running(self) -> bool:
-        """Whether the head process is still alive."""
-        return _alive(self.head_pid)
+        """Whether the head's processes are still alive."""
+        return _nodes.group_alive(self.head_pid)
 
     def down(self, timeout_s: float = 5.0) -> None:
         """Stop every process of this cluster and remove its folder.
 
-        Hosts first, then the head; SIGTERM to each node's process group, SIGKILL to whatever is left
-        after ``timeout_s`` seconds, then a sweep for any process whose command line names this
-        cluster's temp dir (Ray daemons that left the group). Idempotent.
+        SIGTERM to every node's process group, SIGKILL to whatever is left after ``timeout_s``
+        seconds, then a sweep for any process of this cluster that left its group (Ray workers,
+        job drivers). Idempotent.
         """
-        pids = [h.pid for h in self.hosts] + [self.head_pid]
-        for pid in pids:
-            _signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for pid in pids:
-            _wait_gone(pid, max(0.1, deadline - time.monotonic()))
-        for pid in pids:
-            _signal_group(pid, signal.SIGKILL)
-        _kill_strays(str(self.folder))
+        pgids = [h.pid for h in self.hosts] + [self.head_pid, self.agents_pid]
+        for pgid in pgids:
+            _nodes.signal_group(pgid, signal.SIGTERM)
+        _nodes.wait_groups_gone(pgids, timeout_s)
+        for pgid in pgids:
+            _nodes.signal_group(pgid, signal.SIGKILL)
+        _nodes.kill_strays(str(self.folder))
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def to_json(self) -> str:
@@ -225,28 +243,35 @@ def up(
     timeout_s: float = 180.0,
     groups: Sequence[HostGroup] | None = None,
     namespace: str = "default",
+    progress: Callable[[int, int], None] | None = None,
 ) -> EmulatedCluster:
     """Start an emulated TPU cluster: a CPU-only head plus one Ray node per TPU host.
+
+    Each host gets its own loopback address (``127.K.x.y``), as TPU VMs have their own IPs, and
+    every port of every node is chosen free, so several emulated clusters coexist.
 
     Args:
         specs: ``[(spec, slices)]``; spec is ``"<version>:<topology>"`` as in :func:`parse_spec`,
             e.g. ``[("v6e:4x4", 2)]`` gives 2 slices x 4 hosts x 4 chips.
         name: Cluster name; also names its folder under :func:`state_root`.
-        timeout_s: Seconds to wait for every node to start.
+        timeout_s: Seconds to wait for every node to start (failed starts are retried within it).
         groups: Worker groups with their names, manifest env and ``ray start`` resources (from a
             RayCluster manifest, see :mod:`raytpu_lab.cluster.kuberay_emulator`); replaces
             ``specs`` when given.
         namespace: The namespace the hosts' environment names (``RAY_CLUSTER_NAMESPACE``).
+        progress: Called as ``progress(hosts up, hosts expected)`` while hosts start.
 
     Returns:
-        The running cluster. Nodes may still be registering with the GCS for a moment; connect with
-        :func:`raytpu_lab.cluster.connect.connect`, which waits for the expected hosts.
+        The running cluster. Every node has registered with the GCS.
 
     Raises:
         InvalidTopologyError: A spec is not valid for its generation (before anything starts).
-        EmulatorError: A cluster with this name already runs, or a node failed to start (its log
-            tail is in the message; everything already started is stopped).
+        EmulatorError: A cluster with this name already runs, the machine cannot hold that many
+            hosts (before anything starts), or a node failed to start, died, or the timeout
+            passed (its log tail and the likely cause are in the message; everything already
+            started is stopped and the logs are kept).
     """
+    deadline = time.monotonic() + timeout_s
     if groups is None:
         shapes = [(parse_spec(spec), int(count)) for spec, count in specs]
         host_groups = [HostGroup(group_name(shape), shape, count) for shape, count in shapes]
@@ -275,66 +300,98 @@ def up(
     # for worker nodes or drivers given an explicit address; say it everywhere (see AUTH_ENV).
     _ray_private.ensure_auth_token()
     (folder / "logs").mkdir(parents=True)
-    gcs_port, dashboard_port, client_port = _free_ports(3)
-    address = f"127.0.0.1:{gcs_port}"
-    started: list[subprocess.Popen[bytes]] = []
-    try:
-        head = _start_node(
-            folder, "head", {**os.environ, **head_environment(cluster=name, gcs_port=gcs_port,
-                                                               namespace=namespace)},
-            ["--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
-             f"--num-cpus={_HEAD_NUM_CPUS}",
-             "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-             f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client_port}",
-             f"--temp-dir={folder / 'ray'}"],
-        )
-        started.append(head)
-        _wait_started([(head, folder / "logs" / "head.log")], timeout_s)
+    prefix = _nodes.loopback_prefix()
+    head_ports: dict[str, int] = {}
 
-        hosts: list[EmulatedHost] = []
-        to_start: list[tuple[str, dict[str, str], list[str]]] = []
+    def head_port_flags() -> list[str]:
+        gcs, dash, client = _nodes.free_ports(3)
+        head_ports.update(gcs=gcs, dashboard=dash, client=client)
+        return [f"--port={gcs}", f"--dashboard-port={dash}", f"--ray-client-server-port={client}"]
+
+    head = _nodes.NodeSpec("head", {}, [], "127.0.0.1")
+    hosts: list[EmulatedHost] = []
+    nodes: list[_nodes.NodeSpec] = []
+    run = _nodes.launcher(folder)
+    # Started first: it imports the agents' modules while the head starts.
+    agents_pgid = _nodes.start_agent_forkserver(folder)
+    try:
+        head.args = ["--head", f"--num-cpus={_HEAD_NUM_CPUS}", "--include-dashboard=true",
+                     "--dashboard-host=127.0.0.1", f"--temp-dir={folder / 'ray'}"]
+
+        def head_flags() -> list[str]:
+            # Fresh ports per attempt; the head's environment names its GCS port (KubeRay's
+            # RAY_ADDRESS / RAY_PORT, which Ray code on the head reads).
+            flags = head_port_flags()
+            head.env = {**os.environ, **head_environment(
+                cluster=name, gcs_port=head_ports["gcs"], namespace=namespace)}
+            return flags
+
+        _nodes.start_head(run, folder, head, deadline, head_flags)
+        gcs_port = head_ports["gcs"]
+        address = f"127.0.0.1:{gcs_port}"
+        # Hosts' agents are forked from the server once it listens (else started as Ray does).
+        forked_agents = _nodes.agent_forkserver_ready(
+            folder, agents_pgid, min(60.0, max(0.0, deadline - time.monotonic())))
         for group in host_groups:
             shape = group.shape
             first = _replica_indices(shapes, shape, group.replicas) if groups is None else \
                 range(group.replicas)
             for replica in first:
+                slice_ips = [_nodes.host_ip(prefix, len(nodes) + w) for w in range(shape.num_hosts)]
+                coordinator_port = _nodes.free_ports(1, "0.0.0.0")[0]  # free on every address
                 for worker_id in range(shape.num_hosts):
                     env = os.environ.copy()
                     env.update(_manifest_env(group, cluster=name, namespace=namespace,
-                                             replica=replica, worker_id=worker_id))
+                                             replica=replica, worker_id=worker_id,
+                                             ip=slice_ips[worker_id]))
                     env.update(tpu_host_environment(
                         shape, cluster=name, replica=replica, worker_id=worker_id,
                         head_host="127.0.0.1", gcs_port=gcs_port, namespace=namespace,
                         group=group.name))
                     env.update(emulated_jax_environment(shape))
                     env.update(emulated_torch_xla_environment())
+                    env.update(_nodes.AGENT_PIPE_ENV)
+                    if forked_agents:
+                        env[_nodes.FORKSERVER_ENV] = str(_nodes.forkserver_socket(folder))
+                    env.update(emulated_slice_environment(
+                        shape, coordinator=f"{slice_ips[0]}:{coordinator_port}",
+                        host_ips=slice_ips))
+                    # The start-up hook that lets JAX see the whole slice (jax_slice.py).
+                    env["PYTHONPATH"] = os.pathsep.join(
+                        p for p in (_SITE_DIR, env.get("PYTHONPATH", "")) if p)
                     label = f"{slice_name(group.name, replica)}-w{worker_id}"
                     # Our own node label marks an emulated TPU host (e.g. torch runs pick the
                     # gloo process group there); GKE never sets it.
                     labels = {**group.labels, EMULATED_LABEL: "true"}
-                    to_start.append((label, env, [
-                        f"--address={address}", "--node-ip-address=127.0.0.1",
+                    args = [
+                        f"--address={address}",
                         f"--num-cpus={group.num_cpus or _HOST_NUM_CPUS}",
                         *([f"--memory={group.memory_bytes}"] if group.memory_bytes else []),
                         f"--resources={json.dumps({**group.resources, 'TPU': shape.chips_per_host})}",
                         f"--labels={json.dumps(labels)}",
-                        # Its own temp dir: Ray names a node's sockets by probing for free file
-                        # names, which races when nodes sharing a session dir start together.
-                        f"--temp-dir={folder / f'h{len(to_start)}'}",
-                    ]))
+                        # One log monitor per machine (the head's), as ray/cluster_utils.py does.
+                        "--include-log-monitor=False",
+                    ]
+                    # KubeRay stores the `ray start` command it generated; ours, less ports.
+                    env["KUBERAY_GEN_RAY_START_CMD"] = " ".join(["ray", "start", *args, "--block"])
+                    # Its own temp dir: Ray names a node's sockets by probing for free file
+                    # names, which races when nodes sharing a session dir start together.
+                    args.append(f"--temp-dir={folder / f'h{len(nodes)}'}")
+                    nodes.append(_nodes.NodeSpec(label, env, args, slice_ips[worker_id]))
                     hosts.append(EmulatedHost(
                         slice_name=slice_name(group.name, replica), worker_id=worker_id,
-                        spec=f"{shape.version}:{shape.topology}", pid=0, group=group.name))
-        for _label, env, args in to_start:
-            # KubeRay stores the `ray start` command it generated; ours, less per-node ports.
-            env["KUBERAY_GEN_RAY_START_CMD"] = " ".join(["ray", "start", *args[:-1], "--block"])
-        pids = _start_in_waves(folder, to_start, started, timeout_s)
-        hosts = [EmulatedHost(h.slice_name, h.worker_id, h.spec, pid, h.group)
-                 for h, pid in zip(hosts, pids, strict=True)]
+                        spec=f"{shape.version}:{shape.topology}", pid=0, group=group.name,
+                        ip=slice_ips[worker_id]))
+        _nodes.start_hosts(run, folder, head, nodes, deadline, progress)
+        _nodes.normal_priority(head)
+        hosts = [dataclasses.replace(h, pid=n.pgid) for h, n in zip(hosts, nodes, strict=True)]
+        run.close()
     except BaseException as err:
-        for proc in reversed(started):
-            _signal_group(proc.pid, signal.SIGKILL)
-        _kill_strays(str(folder))
+        pgids = [n.pgid for n in nodes] + [head.pgid, agents_pgid]
+        for pgid in pgids:
+            _nodes.signal_group(pgid, signal.SIGKILL)
+        run.close()
+        _nodes.kill_strays(str(folder))
         kept = _keep_raylet_logs(folder)
         shutil.rmtree(folder, ignore_errors=True)
         if isinstance(err, EmulatorError) and kept:
@@ -342,89 +399,37 @@ def up(
             err.args = (err._compose(),)
         raise
     cluster = EmulatedCluster(
-        name=name, address=address, dashboard_url=f"http://127.0.0.1:{dashboard_port}",
-        specs=[(f"{s.version}:{s.topology}", c) for s, c in shapes], head_pid=head.pid, hosts=hosts,
-        namespace=namespace, client_port=client_port)
+        name=name, address=address,
+        dashboard_url=f"http://127.0.0.1:{head_ports['dashboard']}",
+        specs=[(f"{s.version}:{s.topology}", c) for s, c in shapes], head_pid=head.pgid,
+        hosts=hosts, namespace=namespace, client_port=head_ports["client"],
+        agents_pid=agents_pgid)
     (folder / "cluster.json").write_text(cluster.to_json())
     return cluster
 
 
 def _manifest_env(group: HostGroup, *, cluster: str, namespace: str, replica: int,
-                  worker_id: int) -> dict[str, str]:
+                  worker_id: int, ip: str) -> dict[str, str]:
     if not group.env:
         return {}
     labels = worker_pod_labels(group.shape, cluster=cluster, group=group.name, replica=replica,
                                worker_id=worker_id)
     env, _skipped = container_environment(
         group.env, pod=pod_name(cluster, group.name, replica, worker_id), namespace=namespace,
-        labels=labels)
+        labels=labels, node_ip=ip, pod_ip=ip)
     return env
-
-
-def _start_in_waves(folder: Path, nodes: list[tuple[str, dict[str, str], list[str]]],
-                    started: list[subprocess.Popen[bytes]], timeout_s: float) -> list[int]:
-    """Start nodes with at most ``_MAX_STARTING`` registering at once; return their pids in order.
-
-    ``ray start`` gives a node a fixed 30 s to register with the GCS; on 2 cores, a dozen raylets
-    and their agents starting together (or a busy machine) can miss it. Such a node is killed and
-    started again with fresh ports, up to ``_START_ATTEMPTS`` times, and fewer nodes start at
-    once from then on (the machine is busier than the waves assumed).
-    """
-    deadline = time.monotonic() + timeout_s
-    procs: dict[int, subprocess.Popen[bytes]] = {}
-    attempts = [0] * len(nodes)
-    pending = list(range(len(nodes)))
-    in_flight: list[int] = []
-    max_starting = _MAX_STARTING
-    while pending or in_flight:
-        while pending and len(in_flight) < max_starting:
-            i = pending.pop(0)
-            label, env, args = nodes[i]
-            attempts[i] += 1
-            procs[i] = _start_node(folder, label, env, [*args, *_host_port_flags()])
-            started.append(procs[i])
-            in_flight.append(i)
-        time.sleep(0.2)
-        still = []
-        for i in in_flight:
-            log = folder / "logs" / f"{nodes[i][0]}.log"
-            text = log.read_text(errors="replace") if log.exists() else ""
-            if _STARTED_MARK in text:
-                continue
-            if procs[i].poll() is None:
-                still.append(i)
-            elif _REGISTRATION_TIMEOUT_MARK in text and attempts[i] < _START_ATTEMPTS:
-                _signal_group(procs[i].pid, signal.SIGKILL)
-                pending.insert(0, i)
-                max_starting = max(1, max_starting // 2)
-            else:
-                tail = "\n".join(text.strip().splitlines()[-15:])
-                raise EmulatorError(
-                    f"Emulated node {log.stem} exited with code {procs[i].returncode} while "
-                    f"starting (attempt {attempts[i]}).",
-                    why=f"Last lines of {log}:\n{tail}",
-                    fix="Fix the cause above and run `up` again.")
-        in_flight = still
-        if (pending or in_flight) and time.monotonic() > deadline:
-            names = ", ".join(nodes[i][0] for i in in_flight + pending)
-            raise EmulatorError(
-                f"{len(in_flight) + len(pending)} emulated node(s) did not start within "
-                f"{timeout_s:.0f} s: {names}.",
-                why="The machine may be short of CPU or memory (each host costs about 280 MB).",
-                fix="Start fewer slices, or pass a longer timeout.")
-    return [procs[i].pid for i in range(len(nodes))]
 
 
 def _check_machine_size(hosts: int) -> None:
     cores = os.cpu_count() or 1
-    need = (hosts + 1) * HOST_MEMORY_BYTES
+    need = hosts * HOST_MEMORY_BYTES + _HEAD_MEMORY_BYTES
     available = psutil.virtual_memory().available
     if hosts > HOSTS_PER_CORE * cores or need > 0.8 * available:
         raise EmulatorError(
             f"{hosts} emulated TPU hosts are too many for this machine ({cores} cores, "
-            f"{available / 2**30:.1f} GiB free).",
-            why=f"Each host is a real Ray node (~{HOST_MEMORY_BYTES // 2**20} MB); at most "
-                f"{HOSTS_PER_CORE} per core start within Ray's node-registration timeout.",
+            f"{available / 2**30:.1f} GiB free; they need about {need / 2**30:.1f} GiB).",
+            why=f"Each host is a real Ray node (~{HOST_MEMORY_BYTES // 2**20} MB, plus the head); "
+                f"at most {HOSTS_PER_CORE} per core, and 80% of free memory, are used.",
             fix="Emulate fewer or smaller slices (e.g. --tpu v6e:4x4 --slices 2); use a real cluster "
                 "(%raytpu connect) for pod-scale topologies.")
 
@@ -464,11 +469,9 @@ def _keep_raylet_logs(folder: Path) -> Path | None:
     return kept
 
 
-def _host_port_flags() -> list[str]:
-    # Every port explicit: several raylets on one machine otherwise race for Ray's defaults.
-    names = ["dashboard-agent-listen-port", "dashboard-agent-grpc-port", "node-manager-port",
-             "object-manager-port", "metrics-export-port", "runtime-env-agent-port"]
-    return [f"--{n}={p}" for n, p in zip(names, _free_ports(len(names)), strict=True)]
+_SITE_DIR = str(Path(__file__).with_name("_site"))
+_FOLDER_ENV = _nodes.FOLDER_ENV
+_kill_strays = _nodes.kill_strays
 
 
 def _replica_indices(shapes: list[tuple[SliceShape, int]], shape: SliceShape, count: int) -> range:
@@ -482,93 +485,3 @@ def _replica_indices(shapes: list[tuple[SliceShape, int]], shape: SliceShape, co
     return range(before, before + count)
 
 
-_FOLDER_ENV = "RAYTPU_EMULATED_CLUSTER"
-"""Set to the cluster's folder in every process of an emulated node: Ray's daemons rename
-themselves (``ray::DashboardAgent``) and can outlive their process group, so the stray sweep finds
-them by this variable rather than by command line."""
-
-
-def _start_node(folder: Path, label: str, env: dict[str, str], args: list[str]) -> subprocess.Popen[bytes]:
-    env = {**env, **AUTH_ENV, _FOLDER_ENV: str(folder)}
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # A fresh process group per node, so `down` can signal the node and all its daemons at once.
-    log = open(folder / "logs" / f"{label}.log", "wb")  # noqa: SIM115 - owned by the child
-    cmd = [_ray_cli(), "start", "--block", "--disable-usage-stats",
-           f"--object-store-memory={_OBJECT_STORE_BYTES}", "--min-worker-port=0",
-           "--max-worker-port=0", *args]
-    try:
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    finally:
-        log.close()
-
-
-def _ray_cli() -> str:
-    beside = Path(sys.executable).parent / "ray"
-    found = str(beside) if beside.exists() else shutil.which("ray")
-    if not found:
-        raise EmulatorError("The `ray` command was not found.",
-                            why=f"It is not beside {sys.executable} nor on PATH.",
-                            fix="Install Ray in this environment: pip install 'ray[default,train]'.")
-    return found
-
-
-def _wait_started(nodes: list[tuple[subprocess.Popen[bytes], Path]], timeout_s: float) -> None:
-    """Wait for each node's log to say it started; raise with the log tail if one exits first."""
-    deadline = time.monotonic() + timeout_s
-    for proc, log in nodes:
-        while True:
-            text = log.read_text(errors="replace") if log.exists() else ""
-            if _STARTED_MARK in text:
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = "\n".join(text.strip().splitlines()[-15:])
-                raise EmulatorError(
-                    f"Emulated node {log.stem} did not start (exit code {proc.poll()}).",
-                    why=f"Last lines of {log}:\n{tail}",
-                    fix="Fix the cause above and run `up` again.")
-            time.sleep(0.2)
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _wait_gone(pid: int, timeout_s: float) -> None:
-    try:
-        psutil.Process(pid).wait(timeout=timeout_s)
-    except (psutil.Error, psutil.TimeoutExpired):
-        pass
-
-
-def _kill_strays(folder: str) -> None:
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if any(folder in part for part in proc.info["cmdline"] or []) \
-                    or proc.environ().get(_FOLDER_ENV) == folder:
-                proc.kill()
-        except psutil.Error:
-            pass

@@ -21,6 +21,7 @@ from raytpu_lab.tpu.topology import SliceShape
 __all__ = [
     "group_name", "slice_name", "pod_name", "head_environment", "tpu_host_environment",
     "emulated_jax_environment", "emulated_torch_xla_environment", "EMULATED_LABEL",
+    "emulated_slice_environment", "SLICE_COORDINATOR_ENV", "SLICE_HOST_IPS_ENV",
     "worker_pod_labels", "container_environment",
 ]
 
@@ -142,6 +143,25 @@ def emulated_jax_environment(shape: SliceShape) -> dict[str, str]:
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={shape.devices_per_host}",
     }
+
+
+SLICE_COORDINATOR_ENV = "RAYTPU_SLICE_COORDINATOR"
+"""``<worker 0's address>:<port>``: where JAX's coordination service of an emulated slice runs
+(on a TPU VM the TPU runtime derives it from ``TPU_WORKER_HOSTNAMES``, whose GKE names do not
+resolve on this machine)."""
+SLICE_HOST_IPS_ENV = "RAYTPU_SLICE_HOST_IPS"
+"""The slice's host addresses in worker-id order, comma-separated (emulator only)."""
+
+
+def emulated_slice_environment(shape: SliceShape, *, coordinator: str,
+                               host_ips: list[str]) -> dict[str, str]:
+    """What lets JAX in a process holding an emulated host's chips see the whole slice, as the TPU
+    runtime does on a TPU VM: the slice's coordinator address and its hosts' addresses.
+
+    Only the emulator adds this (with its start-up hook, :mod:`raytpu_lab.cluster.jax_slice`).
+    """
+    return {SLICE_COORDINATOR_ENV: coordinator, SLICE_HOST_IPS_ENV: ",".join(host_ips),
+            "RAYTPU_CHIPS_PER_HOST": str(shape.chips_per_host)}
 
 
 def emulated_torch_xla_environment() -> dict[str, str]:

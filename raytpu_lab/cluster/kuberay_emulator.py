@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,8 @@ def host_groups(plan: RayClusterPlan) -> list[HostGroup]:
 
 
 def up_from_manifest(manifest: str | Path | Mapping[str, Any], *, name: str | None = None,
-                     timeout_s: float = 180.0) -> emulator.EmulatedCluster:
+                     timeout_s: float = 180.0,
+                     progress: Callable[[int, int], None] | None = None) -> emulator.EmulatedCluster:
     """Start the emulated cluster a RayCluster manifest describes.
 
     Args:
@@ -89,6 +90,7 @@ def up_from_manifest(manifest: str | Path | Mapping[str, Any], *, name: str | No
         name: Emulated cluster name; the manifest's ``metadata.name`` when ``None`` (cut to
             :func:`~raytpu_lab.cluster.emulator.max_name_length` characters if longer).
         timeout_s: Seconds to wait for every node to start.
+        progress: Called as ``progress(hosts up, hosts expected)`` while hosts start.
 
     Returns:
         The running cluster; its hosts' slice names are ``<groupName>-<replica>``.
@@ -111,4 +113,4 @@ def up_from_manifest(manifest: str | Path | Mapping[str, Any], *, name: str | No
         # names such as "raycluster-tpu-v4-multihost" are longer).
         name = plan.name[:emulator.max_name_length()].rstrip("-.") or emulator.DEFAULT_NAME
     return emulator.up(name=name or emulator.DEFAULT_NAME, timeout_s=timeout_s,
-                       groups=groups, namespace=plan.namespace or "default")
+                       groups=groups, namespace=plan.namespace or "default", progress=progress)

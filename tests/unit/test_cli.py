@@ -77,3 +77,18 @@ def test_a_long_manifest_name_is_cut_to_fit_rays_socket_paths(
     emulator._check_socket_room(emulator.state_root() / asked[0])  # fits
     with pytest.raises(Exception, match="too long"):
         emulator._check_socket_room(emulator.state_root() / (asked[0] + "t"))
+
+
+def test_unknown_arguments_are_blamed_on_the_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["status", "--bogus"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: raytpu status" in err
+    assert "raytpu status: error: unrecognized arguments: --bogus (see raytpu status --help)" in err
+
+
+def test_a_bad_shape_suggests_the_nearest_in_up_syntax(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["up", "--tpu", "v6e:4x5"]) == 1
+    err = capsys.readouterr().err
+    assert "Use the nearest valid shape: --tpu v6e:4x4 (or 2x8, 4x8)." in err

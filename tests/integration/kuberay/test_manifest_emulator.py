@@ -17,6 +17,7 @@ multi-host slices, and the labels / resources Ray derives from them. The Kuberne
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,7 +54,11 @@ def _manifest() -> dict:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+def lab(tmp_path_factory: pytest.TempPathFactory, shared_cluster) -> Iterator[Lab]:
+    # `shared_cluster` only to wait for it: two clusters starting at once on this 2-core machine
+    # make both miss Ray's fixed start-up waits. This manifest's own cluster starts after it.
+    if ray.is_initialized():
+        ray.shutdown()
     stale = emulator.find(NAME)
     if stale is not None:
         stale.down()
@@ -69,8 +74,15 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             ray.shutdown()
 
 
-def _environ(pid: int) -> dict[str, str]:
-    return psutil.Process(pid).environ()
+def _environ(pgid: int) -> dict[str, str]:
+    """The environment of an emulated node's raylet (its process group is ``pgid``)."""
+    for proc in psutil.process_iter(["name"]):
+        try:
+            if proc.info["name"] == "raylet" and os.getpgid(proc.pid) == pgid:
+                return proc.environ()
+        except (psutil.Error, OSError):
+            continue
+    raise AssertionError(f"no raylet in process group {pgid}")
 
 
 EXPECTED = {  # slice -> (group, pod type, topology, hosts, chips per host)
@@ -118,8 +130,9 @@ def test_every_host_env_matches_the_readme_checklist(lab: Lab) -> None:
         else:
             assert env["TPU_WORKER_HOSTNAMES"] == "localhost"
         # the manifest's container env, resolved as the kubelet would
-        assert env["MY_FLAG"] == "on" and env["NODE_IP"] == "127.0.0.1"
-        assert env["VBAR_CONTROL_SERVICE_URL"] == "127.0.0.1:8353"
+        # status.hostIP is the host's own address, as on GKE
+        assert env["MY_FLAG"] == "on" and env["NODE_IP"] == host.ip
+        assert env["VBAR_CONTROL_SERVICE_URL"] == f"{host.ip}:8353"
         assert env["MY_GROUP"] == group
         # the emulator runs JAX on CPU whatever the manifest says
         assert env["JAX_PLATFORMS"] == "cpu"
