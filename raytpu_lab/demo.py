@@ -2,9 +2,15 @@
 
 ``python -m raytpu_lab.demo`` (what ``make demo`` runs) executes ``notebooks/01_quickstart.ipynb``
 with nbclient, writes ``build/quickstart.ipynb`` (executed) and ``build/quickstart.html`` (static:
-the SVG topology and plotly.js are inline, so it renders offline), always stops the emulated
-cluster the notebook started, and prints as its last line ``RESULT {json}``: the dict from the cell
-tagged ``demo-result`` plus ``wall_s``. Exit status: 0 ok, 1 failed cell or no result, 130 on Ctrl-C.
+the SVG topology inline, plotly.js once per page for every chart, so it renders offline), always
+stops the emulated cluster the notebook started, and prints as its last line ``RESULT {json}``:
+the dict from the cell tagged ``demo-result`` plus ``wall_s``. Exit status: 0 ok, 1 failed cell or
+no result, 130 on Ctrl-C.
+
+The executed notebook holds no widget state (every live view of a run is replaced by its static
+bundle when the run ends) and no plotly.js: charts are ``application/vnd.plotly.v1+json`` +
+``image/svg+xml``. :func:`export_html` (its :class:`PlotlyOncePreprocessor` and template) turns
+those into interactive plotly charts sharing one copy of plotly.js in the page.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import argparse
 import ast
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -28,16 +35,23 @@ from jupyter_core.utils import ensure_async
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from nbconvert import HTMLExporter
+from nbconvert.preprocessors import Preprocessor
 from traitlets import default
 
 from raytpu_lab.cluster import emulator
+from raytpu_lab.widgets.svg import inline_svg_imgs
 
-__all__ = ["main", "read_result", "export_html", "RESULT_TAG", "RESULT_KEYS"]
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+__all__ = ["main", "read_result", "export_html", "PlotlyOncePreprocessor", "RESULT_TAG",
+           "RESULT_KEYS"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULT_TAG = "demo-result"
 RESULT_KEYS = ("slice", "hosts", "devices", "loss_first", "loss_last", "steps_per_s")
 CELL_TIMEOUT_S = 600
+UP_TIMEOUT_ENV = "RAYTPU_UP_TIMEOUT_S"
+"""Default of ``%raytpu up --timeout`` (seconds) in kernels started with it set."""
 
 # The lab template loads require.js, MathJax and mermaid from a CDN (and the widget manager from
 # unpkg when widget state is saved). Offline they fail; online, require.js makes plotly.js's inline
@@ -49,7 +63,9 @@ _OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
-{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block html_head_js_mermaidjs -%}
+{%- if resources.raytpu_plotlyjs -%}<script type="text/javascript">{{ resources.raytpu_plotlyjs }}</script>{%- endif -%}
+{%- endblock html_head_js_mermaidjs -%}
 {%- block data_svg -%}
 <div class="jp-RenderedSVG jp-OutputArea-output {{ extra_class }}" data-mime-type="image/svg+xml">
 {{ output.data['image/svg+xml'] }}
@@ -99,12 +115,46 @@ def read_result(nb: nbformat.NotebookNode) -> dict[str, Any]:
     raise LookupError(f"no code cell tagged {RESULT_TAG!r} shows a dict")
 
 
+class PlotlyOncePreprocessor(Preprocessor):  # type: ignore[misc]
+    """For a static HTML page: each plotly chart output becomes a ``<div>`` drawn by
+    ``Plotly.newPlot``, with plotly.js put once in the page's head (``resources
+    ["raytpu_plotlyjs"]``, used by the template of :func:`export_html`); each SVG ``<img>`` of
+    raytpu_lab in ``text/html`` is inlined (its hover titles work in a page)."""
+
+    def preprocess(self, nb: nbformat.NotebookNode, resources: dict[str, Any]
+                   ) -> tuple[nbformat.NotebookNode, dict[str, Any]]:
+        charts = 0
+        for cell in nb.cells:
+            for out in cell.get("outputs", []):
+                data = out.get("data", {})
+                if "text/html" in data:
+                    data["text/html"] = inline_svg_imgs("".join(data["text/html"]))
+                fig = data.get(PLOTLY_MIME)
+                if not isinstance(fig, dict):
+                    continue
+                charts += 1
+                div = f"raytpu-plotly-{charts}"
+                spec = json.dumps({k: fig.get(k, {}) for k in ("data", "layout", "config")})
+                spec = spec.replace("</", "<\\/")  # no "</script>" inside the script
+                out["data"] = {"text/html": (
+                    f'<div id="{div}" class="raytpu-plotly"></div><script type="text/javascript">'
+                    f'(function(){{var f={spec};Plotly.newPlot("{div}",f.data,f.layout,f.config);'
+                    "})();</script>"), "text/plain": data.get("text/plain", "")}
+        if charts:
+            from plotly.offline import get_plotlyjs
+
+            resources["raytpu_plotlyjs"] = get_plotlyjs()
+        return nb, resources
+
+
 def export_html(nb: nbformat.NotebookNode, path: Path) -> None:
-    """Write ``nb`` as a JupyterLab-styled HTML page that loads no external script."""
+    """Write ``nb`` as a JupyterLab-styled HTML page that loads no external script (plotly.js,
+    when a chart needs it, is inline once)."""
     loader = DictLoader({"raytpu_offline.html.j2": _OFFLINE_TEMPLATE})
     exporter = HTMLExporter(
         template_name="lab", template_file="raytpu_offline.html.j2", extra_loaders=[loader]
     )
+    exporter.register_preprocessor(PlotlyOncePreprocessor(), enabled=True)
     path.write_text(exporter.from_notebook_node(nb)[0], encoding="utf-8")
 
 
@@ -138,6 +188,7 @@ def _execute(nb: nbformat.NotebookNode, cwd: Path) -> str | None:
         kernel_name="python3",
         kernel_manager_class=_VenvKernelManager,
         shutdown_kernel="immediate",
+        store_widget_state=False,  # runs' live views are replaced by static bundles at their end
         resources={"metadata": {"path": str(cwd)}},
         on_cell_start=on_start,
     )
@@ -149,12 +200,21 @@ def _execute(nb: nbformat.NotebookNode, cwd: Path) -> str | None:
         i = state["index"]
         why = f"{exc.ename}: {exc.evalue}" if isinstance(exc, CellExecutionError) else repr(exc)
         where = f"cell {i + 1}/{len(nb.cells)} ({_first_line(nb.cells[i].source, 80)})"
-        return f"{where if i >= 0 else 'kernel start'}: {_first_line(why, 300)}"
+        # The whole message: raytpu_lab's errors say what, why, what to do and where logs are kept.
+        return f"{where if i >= 0 else 'kernel start'}: {_tail(why, 60)}"
     finally:
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # nbclient leaves it SIG_DFL
     if state["interrupted"]:
         raise KeyboardInterrupt
     return None
+
+
+def _tail(text: str, lines: int) -> str:
+    """``text`` without terminal colour codes, at most its last ``lines`` lines."""
+    import re
+
+    kept = re.sub(r"\x1b\[[0-9;]*m", "", text).strip().splitlines()
+    return "\n".join((["..."] if len(kept) > lines else []) + kept[-lines:])
 
 
 def _teardown(head_pid_before: int | None) -> None:
@@ -173,7 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser("python -m raytpu_lab.demo", description=main.__doc__)
     parser.add_argument("--notebook", type=Path, default=default_nb, help="notebook to run")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "build", help="output folder")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds %%raytpu up waits for every emulated node (default 180)")
     args = parser.parse_args(argv)
+    if args.timeout is not None:
+        if not args.timeout > 0:
+            parser.error(f"--timeout {args.timeout:g}: it must be above 0")
+        # The notebook's kernel inherits it: %raytpu up's default --timeout.
+        os.environ[UP_TIMEOUT_ENV] = str(args.timeout)
     notebook: Path = args.notebook.resolve()
     stem = "quickstart" if notebook == default_nb else notebook.stem
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM takes Ctrl-C's path

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import math
 import os
 import threading
 import time
@@ -43,7 +44,7 @@ from raytpu_lab.train.profile import parse_profile_window
 from raytpu_lab.train.profile_analysis import ProfileReport
 from raytpu_lab.train.profile_load import load_profile
 from raytpu_lab.train.torch_run import TorchRunResult, check_torch_run, is_emulated, start_torch
-from raytpu_lab.train.worker_tap import accepts_config
+from raytpu_lab.train.worker_tap import accepts_config, check_names
 from raytpu_lab.widgets.status import StatusView
 from raytpu_lab.widgets.topology_map import TopologyMap
 
@@ -114,7 +115,8 @@ class Lab:
 
     def up(self, tpu: str = "v6e:4x4", slices: int = 2, *, name: str | None = None,
            timeout_s: float = 180.0,
-           manifest: str | Path | Mapping[str, Any] | None = None) -> emulator.EmulatedCluster:
+           manifest: str | Path | Mapping[str, Any] | None = None,
+           progress: Callable[[int, int], None] | None = None) -> emulator.EmulatedCluster:
         """Start a local emulated TPU cluster and connect to it.
 
         Args:
@@ -126,6 +128,12 @@ class Lab:
             manifest: A RayCluster manifest (file path or dict) to emulate instead of ``tpu`` /
                 ``slices``: its TPU worker groups, slices, hosts and container env
                 (:mod:`raytpu_lab.cluster.kuberay_emulator`).
+            progress: Called as ``progress(hosts up, hosts expected)`` while hosts start.
+
+        An emulated cluster of this name that already runs with at least the slices asked for
+        (started by ``raytpu up``, another notebook, or before a kernel restart) is joined instead:
+        nothing is started, and :meth:`down` leaves it running (:attr:`started_cluster` is
+        ``None``).
 
         Returns:
             The running cluster (``address``, ``dashboard_url``, ``hosts``).
@@ -133,17 +141,25 @@ class Lab:
         Raises:
             InvalidTopologyError: ``tpu`` is not a valid spec (nothing is started).
             ManifestError: The manifest fails the CRD schema or the TPU rules (nothing is started).
-            EmulatorError: A cluster with this name runs already (the message says how to reach
-                or stop it), or nodes failed to start or join.
+            EmulatorError: A cluster with this name runs already without the slices asked for
+                (the message says how to reach or stop it), or nodes failed to start or join.
         """
+        started = True
         if manifest is not None:
             from raytpu_lab.cluster.kuberay_emulator import up_from_manifest
 
-            cluster = up_from_manifest(manifest, name=name, timeout_s=timeout_s)
+            cluster = up_from_manifest(manifest, name=name, timeout_s=timeout_s,
+                                       progress=progress)
         else:
             parse_spec(tpu)
-            cluster = emulator.up([(tpu, slices)], name=name or emulator.DEFAULT_NAME,
-                                  timeout_s=timeout_s)
+            running = emulator.find(name or emulator.DEFAULT_NAME)
+            if running is not None and running.holds([(tpu, slices)]):
+                # Re-running a notebook's `up` cell (after a kernel restart, or many notebooks
+                # in one test session) joins the cluster that already has what it asks for.
+                cluster, started = running, False
+            else:
+                cluster = emulator.up([(tpu, slices)], name=name or emulator.DEFAULT_NAME,
+                                      timeout_s=timeout_s, progress=progress)
         try:
             self.connect(cluster.address)
             expected = len(cluster.hosts) + 1
@@ -153,14 +169,16 @@ class Lab:
                     f"Only {seen} of {expected} emulated nodes joined Ray within "
                     f"{_NODE_JOIN_TIMEOUT_S:.0f} s.",
                     why=f"Node logs are in {cluster.folder / 'logs'}.",
-                    fix="Start fewer slices, or check memory (about 280 MB per host).")
+                    fix=f"Start fewer slices, or check memory (about "
+                        f"{emulator.HOST_MEMORY_BYTES // 2**20} MB per host).")
         except BaseException:
             self.address = None
             disconnect()
-            cluster.down()
+            if started:
+                cluster.down()
             raise
         self.cluster = cluster
-        self._started = cluster
+        self._started = cluster if started else None
         return cluster
 
     def connect(self, address: str | None = None, *, timeout_s: float = 15.0) -> str:
@@ -178,7 +196,9 @@ class Lab:
         Raises:
             ConnectError: No address was given and none could be found (or several emulated
                 clusters run), nothing answered within ``timeout_s`` seconds, or Ray refused.
+            RaytpuError: ``timeout_s`` is not a finite number above 0.
         """
+        _require_positive("timeout", timeout_s)
         address = address or default_address()
         probe(address, timeout_s=timeout_s)  # fail before dropping the current connection
         self._forget_reservations()
@@ -534,10 +554,8 @@ class Lab:
             The errors of :meth:`train_jax` raised before launch; worker errors come from
             ``handle.wait()``.
         """
-        shape = SliceShape.of(version, topology)
-        _require_positive("slices", slices)
-        _require_config_dict(config)
-        accepts_config(train_fn)
+        shape = self.check_jax(train_fn, topology, version, slices=slices, config=config,
+                               profile=profile)
         window = parse_profile_window(profile) if profile is not None else None
         run_name = name or f"jax-{time.strftime('%H%M%S')}"
         self.last_profile = None
@@ -548,6 +566,60 @@ class Lab:
             shape, slices, run_name, wait_s=wait_s, on_launch=on_launch, on_records=on_records,
             listener=listener, mute_driver_logs=mute_driver_logs, reservation=reservation,
             after=(lambda result: self._load_profile(result, window)) if window else None)
+
+    def check_jax(self, train_fn: Callable[..., Any] | None, topology: str, version: str, *,
+                  slices: int = 1, config: Any = None,
+                  profile: str | tuple[int, int] | None = None) -> SliceShape:
+        """Every check of a ``JaxTrainer`` run that needs no cluster, as :meth:`start_jax` makes
+        them first: the slice shape, ``slices``, the profile window, the config and the
+        function's signature. Contacts nothing and starts nothing.
+
+        Args:
+            train_fn: The per-worker function, or ``None`` to check everything else (a cell
+                magic checks the shape before running the cell that defines the function).
+            topology, version, slices, config, profile: As :meth:`train_jax`.
+
+        Returns:
+            The slice shape.
+
+        Raises:
+            InvalidTopologyError: Bad generation or topology (``.nearest``: valid ones nearby).
+            RaytpuError: ``slices`` is not above 0.
+            TrainingConfigError: A bad profile window or config, a function Ray Train cannot
+                call, or one that reads a name defined nowhere (it would raise NameError on
+                every worker, see :func:`~raytpu_lab.train.worker_tap.check_names`).
+        """
+        shape = SliceShape.of(version, topology)
+        _require_positive("slices", slices)
+        if profile is not None:
+            parse_profile_window(profile)
+        _require_config_dict(config)
+        if train_fn is not None:
+            accepts_config(train_fn)
+            check_names(train_fn)
+        return shape
+
+    def check_torch(self, train_fn: Callable[..., Any] | None, topology: str, version: str, *,
+                    slices: int = 1, config: Any = None, backend: str | None = None,
+                    chips_per_worker: int = 1) -> SliceShape:
+        """Every check of a ``TorchTrainer`` run that needs no cluster, as :meth:`start_torch`
+        makes them first (see :meth:`check_jax`; also torch/torch_xla installed and matched,
+        the backend name and chips per worker). Contacts nothing and starts nothing.
+
+        Raises:
+            InvalidTopologyError: Bad generation or topology.
+            RaytpuError: ``slices`` is not above 0.
+            TrainingConfigError: torch/torch_xla missing or mismatched, a bad backend, chips per
+                worker not dividing a host's chips, a bad config or function signature.
+        """
+        shape = SliceShape.of(version, topology)
+        _require_positive("slices", slices)
+        _require_config_dict(config)
+        check_torch_run(train_fn if train_fn is not None else _no_config, shape, slices,
+                        chips_per_worker, backend)
+        if train_fn is not None:
+            check_names(train_fn)
+        return shape
 
     def _start_run(self, start: Callable[..., RunHandle], shape: SliceShape, slices: int,
                    run_name: str, *, wait_s: float, on_launch: Callable[[], None] | None,
@@ -823,10 +895,8 @@ class Lab:
             The errors of :meth:`train_torch` raised before launch; worker errors come from
             ``handle.wait()``.
         """
-        shape = SliceShape.of(version, topology)
-        _require_positive("slices", slices)
-        _require_config_dict(config)
-        check_torch_run(train_fn, shape, slices, chips_per_worker, backend)
+        shape = self.check_torch(train_fn, topology, version, slices=slices, config=config,
+                                 backend=backend, chips_per_worker=chips_per_worker)
         self._require_connection("launch a TorchTrainer run")
         emulated = is_emulated(self.snapshot(), shape)
         run_name = name or f"torch-{time.strftime('%H%M%S')}"
@@ -898,6 +968,14 @@ class Lab:
         if self._map is not None and not getattr(self._map, "closed", False):
             self._map.set_dcn(groups)
 
+    def require_connection(self, doing: str) -> None:
+        """Raise unless a cluster is connected (``doing``: what needs it, e.g. "reserve a slice").
+
+        Raises:
+            NotConnectedError: No cluster connected; the message says how to connect.
+        """
+        self._require_connection(doing)
+
     def _require_connection(self, doing: str) -> None:
         if not self.connected:
             raise NotConnectedError(
@@ -912,7 +990,7 @@ class Lab:
 
     def _at_exit(self) -> None:
         """Kernel exit or restart: release this session's reservations and stop the emulated
-        cluster this session started with :meth:`up` (about 280 MB per host would otherwise stay;
+        cluster this session started with :meth:`up` (its hosts and head would otherwise stay;
         a cluster started from a shell with ``raytpu up`` is left running)."""
         self._forget_reservations()
         started, self._started = self._started, None
@@ -930,6 +1008,10 @@ class Lab:
         self._reservations.clear()
 
 
+def _no_config() -> None:
+    """Stands in for a training function not known yet (see :meth:`Lab.check_torch`)."""
+
+
 def _require_config_dict(config: Any) -> None:
     if config is not None and not isinstance(config, dict):
         raise TrainingConfigError(
@@ -939,8 +1021,9 @@ def _require_config_dict(config: Any) -> None:
 
 
 def _require_positive(option: str, value: float) -> None:
-    if value <= 0:
-        raise RaytpuError(f"--{option} {value} is not allowed.", why=f"{option} must be above 0.",
+    if not (value > 0 and math.isfinite(value)):  # nan and inf too: a wait must end
+        raise RaytpuError(f"--{option} {value} is not allowed.",
+                          why=f"{option} must be a finite number above 0.",
                           fix=f"Pass a positive --{option}.")
 
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import html
+import os
 import shlex
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
@@ -23,8 +27,16 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
+from raytpu_lab._argtypes import positive_seconds
 from raytpu_lab.cluster.emulator import DEFAULT_NAME
-from raytpu_lab.errors import RaytpuError, RemoteHostError, ReservationError, TrainingConfigError
+from raytpu_lab.errors import (
+    InvalidTopologyError,
+    RaytpuError,
+    RemoteHostError,
+    ReservationError,
+    TrainingConfigError,
+    TrainingError,
+)
 from raytpu_lab.lab import get_lab
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.run import RunHandle
@@ -69,12 +81,33 @@ class _Parser(argparse.ArgumentParser):
             print(message, file=sys.stderr)
         raise _HelpShown
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """As argparse, but leftover arguments are blamed on the subcommand that got them."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(parsed, "command", None)
+            prog = f"{self.prog} {command}" if command else self.prog
+            raise UsageError(f"{prog}: unrecognized arguments: {' '.join(extras)}\n"
+                             f"(see {_help_hint(prog)})")
+        return parsed
+
     def error(self, message: str) -> Any:  # type: ignore[override]
         unknown = [a for a in self._seen if a.startswith("-") and not a[1:2].isdigit()
                    and a.split("=")[0] not in self._option_string_actions]
         if unknown and message.startswith("the following arguments are required"):
             message = f"unrecognized arguments: {' '.join(unknown)} ({message})"
-        raise UsageError(f"{self.prog}: {message}\n(see %{self.prog} --help)")
+        raise UsageError(f"{self.prog}: {message}\n(see {_help_hint(self.prog)})")
+
+
+#: Subcommands that are cell magics (``%%raytpu run ...``); their help is shown either way.
+_CELL_COMMANDS = ("run", "jax", "torch")
+
+
+def _help_hint(prog: str) -> str:
+    """``%raytpu reserve --help``, or ``%%raytpu run --help`` for a cell subcommand."""
+    words = prog.split()
+    cell = len(words) > 1 and words[1] in _CELL_COMMANDS
+    return f"{'%%' if cell else '%'}{prog} --help"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"cluster name (default {DEFAULT_NAME}, or the manifest's metadata.name)")
     up.add_argument("--manifest", metavar="FILE",
                     help="emulate this RayCluster manifest (its TPU worker groups) instead of --tpu")
+    up.add_argument("--timeout", type=positive_seconds,
+                    default=float(os.environ.get("RAYTPU_UP_TIMEOUT_S") or 180.0),
+                    help="seconds to wait for every node to start (default 180, or "
+                         "$RAYTPU_UP_TIMEOUT_S)")
 
     down = sub.add_parser("down", help="release reservations, disconnect, stop the emulated "
                                        "cluster this session started")
@@ -129,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="slices, hosts and chips: table and map")
 
     live = sub.add_parser("map", help="the live topology map (one per session, refreshed in the background)")
-    live.add_argument("--interval", type=_positive_seconds,
+    live.add_argument("--interval", type=positive_seconds,
                       help="seconds between refreshes (default 1)")
     live.add_argument("--pause", action="store_true", help="stop refreshing (the map keeps its state)")
     live.add_argument("--resume", action="store_true", help="refresh again")
@@ -232,8 +269,10 @@ class RaytpuMagics(Magics):
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell, **kwargs)
         cleanup = getattr(shell, "input_transformers_cleanup", None)
-        if isinstance(cleanup, list) and _await_run_cells not in cleanup:
-            cleanup.append(_await_run_cells)
+        if isinstance(cleanup, list):
+            for transform in (_empty_cells_as_lines, _await_run_cells):
+                if transform not in cleanup:
+                    cleanup.append(transform)
 
     @line_cell_magic
     def raytpu(self, line: str, cell: str | None = None) -> Any:
@@ -241,7 +280,12 @@ class RaytpuMagics(Magics):
         run, jax, torch, apply, scale, delete."""
         parser = build_parser()
         try:
-            args = parser.parse_args(shlex.split(line))
+            words = shlex.split(line)
+        except ValueError as err:  # an unclosed quote
+            raise UsageError(f"raytpu: cannot split the line into arguments: {err}.\n"
+                             "Close every quote (' or \") you opened.") from None
+        try:
+            args = parser.parse_args(words)
         except _HelpShown:
             return None
         if not args.command:
@@ -265,9 +309,19 @@ class RaytpuMagics(Magics):
     # -- subcommands -------------------------------------------------------------------------
 
     def _do_up(self, args: argparse.Namespace, cell: str | None) -> None:
-        cluster = get_lab().up(args.tpu, args.slices, name=args.name, manifest=args.manifest)
+        shown = display(_UpProgress(0, 0), display_id=True)
+
+        def progress(up: int, expected: int) -> None:
+            if shown is not None:
+                shown.update(_UpProgress(up, expected))
+
+        cluster = get_lab().up(args.tpu, args.slices, name=args.name, manifest=args.manifest,
+                               timeout_s=args.timeout, progress=progress)
+        joined = get_lab().started_cluster is not cluster
         print(f"Emulated cluster {cluster.name!r}: {_n(len(cluster.hosts), 'TPU host')} at {cluster.address} "
-              f"(dashboard {cluster.dashboard_url})")
+              f"(dashboard {cluster.dashboard_url})"
+              + ("; it was already running with these slices, so this session joined it "
+                 "(%raytpu down leaves it running)." if joined else ""))
         display(get_lab().status())
 
     def _do_down(self, args: argparse.Namespace, cell: str | None) -> None:
@@ -371,9 +425,9 @@ class RaytpuMagics(Magics):
         print(f"Released {args.name!r}.")
 
     def _do_run(self, args: argparse.Namespace, cell: str | None) -> Any:
-        if cell is None:
+        if cell is None or not cell.strip():
             raise UsageError("%%raytpu run is a cell magic: put the code to run on every host in "
-                             "the cell.")
+                             "the cell.\n(see %%raytpu run --help)")
         try:
             result = get_lab().run_on(args.on, cell)
         except SyntaxError as err:
@@ -423,12 +477,18 @@ class RaytpuMagics(Magics):
                   f"({_n(r.num_hosts, 'host')}, {_n(r.chips, 'chip')}; {life}; {whose}; {r.state})")
 
     def _do_jax(self, args: argparse.Namespace, cell: str | None) -> Any:
-        if cell is None:
-            raise UsageError("%%raytpu jax is a cell magic: put the training function in the cell.")
-        self._jax_shape_from_reservation(args)
-        fn = self._training_function(cell, args.fn)
-        config = self._config(args.config)
+        if cell is None or not cell.strip():
+            raise UsageError("%%raytpu jax is a cell magic: put the training function in the "
+                             "cell.\n(see %%raytpu jax --help)")
         lab = get_lab()
+        # Every refusal that needs no cluster comes first, cheapest first: nothing is shown,
+        # contacted or started before the whole request is known to be runnable.
+        self._jax_shape_from_reservation(args)
+        lab.check_jax(None, args.topology, args.version, slices=args.slices, profile=args.profile)
+        config = self._config(args.config)
+        lab.check_jax(None, args.topology, args.version, slices=args.slices, config=config)
+        fn = self._training_function(cell, args.fn)
+        lab.check_jax(fn, args.topology, args.version, slices=args.slices)
         name = args.name or _run_name(fn)  # one name for the dashboard, Ray Train and storage
         return self._watch_run(args, name, lambda **kw: lab.start_jax(
             fn, args.topology, args.version, slices=args.slices, name=name, config=config,
@@ -444,17 +504,25 @@ class RaytpuMagics(Magics):
         an event loop the wait blocks and Ctrl-C stops the run. ``--background`` returns a
         :class:`WatchedRun` at once.
         """
+        if args.background:
+            # Submitted, not launched: waiting for free slices and starting Ray Train's
+            # controller happen in the run's own thread, so the cell returns now.
+            get_lab().require_connection(f"launch run {title!r}")
+            dashboard = RunDashboard(title)
+            run = WatchedRun.launching(
+                lambda on_launch: start(listener=dashboard, on_launch=on_launch),
+                dashboard, display(dashboard, display_id=True))
+            dashboard.on_stop = run.stop
+            self._shell.user_ns[args.out] = run
+            print(f"Run {title!r} submitted in the background: `{args.out}.wait()`, "
+                  f"`{args.out}.stop()`, `{args.out}.result`.")
+            return None
         dashboard = RunDashboard(title)
         shown: list[Any] = []
         handle = start(listener=dashboard,
-                       on_launch=lambda: shown.append(display(dashboard, display_id=True)))
+                       on_launch=lambda: shown.append(dashboard.show()))
         dashboard.on_stop = handle.stop
         run = WatchedRun(handle, dashboard, shown[0] if shown else None)
-        if args.background:
-            self._shell.user_ns[args.out] = run
-            print(f"Run {handle.name!r} started in the background: `{args.out}.wait()`, "
-                  f"`{args.out}.stop()`, `{args.out}.result`.")
-            return None
         if args.await_:
             return self._finish_async(args, run)
         try:
@@ -462,6 +530,8 @@ class RaytpuMagics(Magics):
         except KeyboardInterrupt:
             raise _Brief(f"raytpu {args.command}: interrupted; run {handle.name!r} was stopped "
                          "and its slices freed.") from None
+        except TrainingError as err:
+            raise self._failed(args, run, err) from None
         self._report(args, result)
         return None
 
@@ -471,7 +541,24 @@ class RaytpuMagics(Magics):
         except asyncio.CancelledError:
             raise _Brief(f"raytpu {args.command}: interrupted; run {run.handle.name!r} was "
                          "stopped and its slices freed.") from None
+        except TrainingError as err:
+            raise self._failed(args, run, err) from None
         self._report(args, result)
+
+    def _failed(self, args: argparse.Namespace, run: WatchedRun,
+                err: TrainingError) -> TrainingError:
+        """The cell's error for a failed run: one line when the dashboard above shows the
+        failing rank's traceback already (one block per failure), else the whole text."""
+        self._shell.user_ns[args.out] = run.result
+        if not run.result.worker_errors or run.dashboard is None:
+            return err
+        first = (err.worker_error or err.why).splitlines()[0] if (err.worker_error or err.why) \
+            else "a worker raised"
+        return TrainingError(
+            f"Training run {run.handle.name!r} failed: {first}",
+            fix=f"The traceback is in the run's view above (also `{args.out}.error`); fix the "
+                "training function and run the cell again. The slices were freed.",
+            run_name=err.run_name, worker_error=err.worker_error)
 
     def _report(self, args: argparse.Namespace, run: Any) -> None:
         self._shell.user_ns[args.out] = run
@@ -483,9 +570,10 @@ class RaytpuMagics(Magics):
                      if s["recompilation_storm"] else "")
             xla = (f" {s['workers']} workers, {s['backend']}, PJRT {s['pjrt_device']}, "
                    f"{s['xla_compiles']} XLA compiles{storm};")
+        counts = s.get("counts", "steps")  # "reports" when the function reports no "step"
         print(f"Run {s['name']!r} {state} on {', '.join(s['slices']) or '?'}:{xla} "
-              f"{_n(s['steps'], 'step')} in {s['wall_s']} s ({s['steps_per_s']} steps/s); final "
-              f"{s['final_metrics']}. Result in `{args.out}`.")
+              f"{_n(s['steps'], counts[:-1])} in {s['wall_s']} s ({s['steps_per_s']} {counts}/s); "
+              f"final {s['final_metrics']}. Result in `{args.out}`.")
         if "backend" in s:
             display(XlaMetricsView.of(run))
         profile = get_lab().last_profile if getattr(args, "profile", None) else None
@@ -521,11 +609,17 @@ class RaytpuMagics(Magics):
                              "NAME of this session's reservations)")
 
     def _do_torch(self, args: argparse.Namespace, cell: str | None) -> Any:
-        if cell is None:
-            raise UsageError("%%raytpu torch is a cell magic: put the training function in the cell.")
-        fn = self._training_function(cell, args.fn)
-        config = self._config(args.config)
+        if cell is None or not cell.strip():
+            raise UsageError("%%raytpu torch is a cell magic: put the training function in the "
+                             "cell.\n(see %%raytpu torch --help)")
         lab = get_lab()
+        checks = {"slices": args.slices, "backend": args.backend,
+                  "chips_per_worker": args.chips_per_worker}
+        lab.check_torch(None, args.topology, args.version, **checks)
+        config = self._config(args.config)
+        lab.check_torch(None, args.topology, args.version, config=config, **checks)
+        fn = self._training_function(cell, args.fn)
+        lab.check_torch(fn, args.topology, args.version, **checks)
         name = args.name or _run_name(fn)
         return self._watch_run(args, name, lambda **kw: lab.start_torch(
             fn, args.topology, args.version, slices=args.slices, name=name, config=config,
@@ -552,8 +646,7 @@ class RaytpuMagics(Magics):
             raise TrainingConfigError(f"The cell has a syntax error on line {err.lineno}: {err.msg}.",
                                       fix="Fix the cell and run it again.") from None
         defs = [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
-        result = self._shell.run_cell(cell, store_history=False, silent=True)
-        result.raise_error()
+        self._define(cell)
         if wanted:
             name = wanted
         elif len(defs) == 1:
@@ -573,6 +666,36 @@ class RaytpuMagics(Magics):
         return fn  # type: ignore[no-any-return]
 
 
+    def _define(self, cell: str) -> None:
+        """Run the cell's code in the user namespace (IPython syntax allowed), as a cell would.
+
+        Raises:
+            TrainingConfigError: The cell raised (its own traceback, not ours, is the why).
+        """
+        shell = self._shell
+        code = shell.transform_cell(cell)
+        try:
+            filename = shell.compile.cache(code, shell.execution_count, raw_code=cell)
+        except Exception:  # an IPython without the cell cache: tracebacks lose source lines
+            filename = "<%%raytpu cell>"
+        try:
+            compiled = compile(code, filename, "exec")
+        except SyntaxError as err:  # IPython syntax that transformed into bad Python
+            raise TrainingConfigError(f"The cell has a syntax error on line {err.lineno}: "
+                                      f"{err.msg}.", fix="Fix the cell and run it again.") from None
+        try:
+            exec(compiled, shell.user_ns)  # noqa: S102 - the user's own cell, as IPython runs it
+        except Exception as err:
+            frames = traceback.extract_tb(err.__traceback__)[1:]  # from the cell down
+            line = next((f.lineno for f in frames if f.filename == filename), None)
+            shown = "".join(traceback.format_list(frames[-6:])).rstrip()
+            raise TrainingConfigError(
+                f"The cell raised {type(err).__name__}: {err}"
+                f"{f' (line {line})' if line else ''}, before any training function was taken.",
+                why=f"Where, in the cell:\n{shown}" if shown else "",
+                fix="Fix the cell and run it again; nothing was started.") from None
+
+
 class WatchedRun:
     """A run with its dashboard, as ``%%raytpu jax --background`` leaves it in ``--out``.
 
@@ -581,26 +704,95 @@ class WatchedRun:
         dashboard: The :class:`~raytpu_lab.widgets.run_dashboard.RunDashboard` shown in the cell.
     """
 
-    def __init__(self, handle: RunHandle, dashboard: RunDashboard, display_handle: Any) -> None:
-        self.handle = handle
+    def __init__(self, handle: RunHandle | None, dashboard: RunDashboard,
+                 display_handle: Any) -> None:
         self.dashboard = dashboard
         self._display = display_handle
         self._frozen = False
+        self._handle = handle
+        self._launch_error: BaseException | None = None
+        self._launched = threading.Event()
+        self._stop_wanted = False
+        self._lock = threading.Lock()
+        if handle is not None:
+            self._launched.set()
+
+    @classmethod
+    def launching(cls, launch: Callable[[Callable[[], None]], RunHandle], dashboard: RunDashboard,
+                  display_handle: Any) -> WatchedRun:
+        """A run launched in its own thread (``--background``): ``launch(on_launch)`` waits for
+        free slices and starts it; ``on_launch`` raises if :meth:`stop` came first. A launch
+        error replaces the dashboard with its one block and is raised by :meth:`wait`."""
+        run = cls(None, dashboard, display_handle)
+        threading.Thread(target=run._launch, args=(launch,), daemon=True,
+                         name=f"raytpu-launch-{dashboard.title}").start()
+        return run
+
+    def _launch(self, launch: Callable[[Callable[[], None]], RunHandle]) -> None:
+        def on_launch() -> None:
+            if self._stop_wanted:
+                raise _Brief(f"Run {self.dashboard.title!r} was stopped before it started.")
+
+        try:
+            handle = launch(on_launch)
+        except BaseException as err:  # noqa: BLE001 - shown in the cell's view, raised by wait()
+            self._launch_error = err
+            self._show_launch_error(err)
+            self._launched.set()
+            return
+        with self._lock:
+            self._handle = handle
+            stop = self._stop_wanted
+        self._launched.set()
+        if stop:
+            handle.stop()
+
+    @property
+    def handle(self) -> RunHandle:
+        """The :class:`~raytpu_lab.train.run.RunHandle`; for a run still being launched
+        (``--background``), waits for its launch.
+
+        Raises:
+            RaytpuError: The launch failed (e.g. no free slice within the wait).
+        """
+        self._launched.wait()
+        if self._handle is None:
+            assert self._launch_error is not None
+            raise self._launch_error
+        return self._handle
 
     @property
     def result(self) -> Any:
-        """The :class:`~raytpu_lab.train.result.RunResult` (filling while the run goes on)."""
-        return self.handle.result
+        """The :class:`~raytpu_lab.train.result.RunResult` (filling while the run goes on), or
+        ``None`` while the run is still being launched or if its launch failed."""
+        return self._handle.result if self._handle is not None else None
 
     @property
     def done(self) -> bool:
-        """Whether the run has ended."""
-        return self.handle.done
+        """Whether the run has ended (or its launch failed)."""
+        if not self._launched.is_set():
+            return False
+        return self._handle is None or self._handle.done
 
     def stop(self, timeout_s: float = 10.0) -> bool:
-        """Abort the run and free its slices (see :meth:`RunHandle.stop`)."""
-        ok = self.handle.stop(timeout_s)
-        if self.handle.done:
+        """Abort the run and free its slices (see :meth:`RunHandle.stop`); a run still being
+        launched does not start.
+
+        Returns:
+            Whether the run ended (or never started) within ``timeout_s`` seconds.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._stop_wanted = True
+            handle = self._handle
+        if handle is None:
+            if not self._launched.wait(timeout_s):
+                return False
+            if self._handle is None:
+                return True  # it never started
+            handle = self._handle
+        ok = handle.stop(max(0.0, deadline - time.monotonic()))
+        if handle.done:
             self._freeze()
         return ok
 
@@ -609,34 +801,71 @@ class WatchedRun:
 
         Raises:
             TrainingError: The workers raised. KeyboardInterrupt: the run was stopped first.
+            RaytpuError: The launch failed (``--background``; e.g. no free slice in time).
         """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
-            return self.handle.wait(timeout_s)
+            while not self._launched.wait(0.1):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"run {self.dashboard.title!r} still launching after "
+                                       f"{timeout_s} s")
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+        handle = self.handle
+        try:
+            return handle.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         finally:
-            if self.handle.done:
+            if handle.done:
                 self._freeze()
 
     async def wait_async(self) -> Any:
         """:meth:`wait` for an awaited cell; cancelling (a kernel interrupt) stops the run."""
         try:
-            return await self.handle.wait_async()
+            while not self._launched.is_set():
+                await asyncio.sleep(0.1)
+        except asyncio.CancelledError:
+            await asyncio.get_running_loop().run_in_executor(None, self.stop)
+            raise
+        handle = self.handle
+        try:
+            return await handle.wait_async()
         finally:
-            if self.handle.done:
+            if handle.done:
                 self._freeze()
 
+    def _show_launch_error(self, err: BaseException) -> None:
+        """The launch failed: its one error block replaces the dashboard (nothing ran)."""
+        if isinstance(err, RaytpuError):
+            text = "\n".join(err._render_traceback_())
+        else:
+            text = f"raytpu: the run could not start: {type(err).__name__}: {err}"
+        self._frozen = True
+        if self._display is None:
+            return
+        try:
+            self._display.update({"text/plain": text, "text/html":
+                                  f"<pre style='color:#b00020'>{html.escape(text)}</pre>"},
+                                 raw=True)
+        except Exception:  # the error is still raised by wait()
+            pass
+
     def _freeze(self) -> None:
-        """Swap the live dashboard for its static HTML, so exports and reloads still show it."""
+        """Swap the live dashboard for its static bundles (chart, tables) and close its widgets,
+        so saved notebooks hold no widget view for it and the dashboard can be collected."""
         if self._frozen or self._display is None:
             return
         self._frozen = True
         try:
-            self._display.update({"text/html": self.dashboard.static_html(),
-                                  "text/plain": self.dashboard.text()}, raw=True)
+            self.dashboard.freeze()
         except Exception as err:  # the result matters more than its picture
             self.dashboard.show_error(f"static rendering failed: {type(err).__name__}: {err}")
 
     def __repr__(self) -> str:
-        return f"WatchedRun({self.handle!r})"
+        if self._handle is None:
+            state = "failed to start" if self._launched.is_set() else "starting"
+            return f"WatchedRun({self.dashboard.title!r}, {state})"
+        return f"WatchedRun({self._handle!r})"
 
 
 def _await_run_cells(lines: list[str]) -> list[str]:
@@ -665,12 +894,29 @@ def _await_run_cells(lines: list[str]) -> list[str]:
     return [f"await get_ipython().run_cell_magic('raytpu', {('--await ' + line)!r}, {body!r})\n"]
 
 
+def _empty_cells_as_lines(lines: list[str]) -> list[str]:
+    """IPython input transformer: a ``%%raytpu`` cell with an empty body runs as ``%raytpu``.
+
+    IPython refuses a cell magic with an empty body before the magic sees it ("cell body is
+    empty"), so ``%%raytpu run --help`` would never show its help; as a line magic the help
+    shows, and a cell subcommand without its cell says what the cell should hold.
+    """
+    if not lines or not lines[0].startswith("%%raytpu") or "".join(lines[1:]).strip():
+        return lines
+    rest = lines[0][len("%%raytpu"):]
+    if rest[:1] not in ("", " ", "\t", "\n"):
+        return lines  # another magic whose name starts with raytpu
+    return [f"get_ipython().run_line_magic('raytpu', {rest.strip()!r})\n"]
+
+
 def _current_shell() -> Any:
     return get_ipython()
 
 
 def _brief_errors(args: argparse.Namespace, err: BaseException) -> NoReturn:
     """Re-raise ``err`` as users should see it: one short block unless ``--debug``."""
+    if isinstance(err, InvalidTopologyError):
+        err = _in_command_syntax(err, args.command)
     if isinstance(err, RaytpuError):
         if args.debug:  # RaytpuError renders as a short block; chain it so IPython shows frames
             raise DebugTraceback(f"{type(err).__name__}: {err.what} (traceback above)") from err
@@ -685,6 +931,21 @@ def _brief_errors(args: argparse.Namespace, err: BaseException) -> NoReturn:
                  "(run again with --debug for the traceback)") from None
 
 
+_SHAPE_SYNTAX = {
+    "up": "--tpu {version}:{topology}",
+    "reserve": "reserve {topology} --version {version}",
+    "jax": "--topology {topology} --version {version}",
+    "torch": "--topology {topology} --version {version}",
+}
+
+
+def _in_command_syntax(err: InvalidTopologyError, command: str | None) -> InvalidTopologyError:
+    """The error with its suggestions written as the failed command takes a shape, e.g.
+    ``reserve 4x4 --version v6e`` rather than ``v6e:4x4``."""
+    form = _SHAPE_SYNTAX.get(command or "")
+    return err if form is None else err.in_syntax(form)
+
+
 async def _with_brief_errors(args: argparse.Namespace, coro: Coroutine[Any, Any, Any]) -> Any:
     try:
         return await coro
@@ -697,17 +958,6 @@ def _run_name(fn: Callable[..., Any]) -> str:
     return f"{fn.__name__}-{time.strftime('%H%M%S')}"
 
 
-def _positive_seconds(text: str) -> float:
-    """argparse type: a number of seconds above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} s: it must be above 0")
-    return value
-
-
 def _is_shape(version: str, topology: str, shape: SliceShape) -> bool:
     """Whether ``version`` and ``topology`` name ``shape`` (aliases such as v5e included)."""
     try:
@@ -718,3 +968,17 @@ def _is_shape(version: str, topology: str, shape: SliceShape) -> bool:
 
 def _n(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+class _UpProgress:
+    """``Starting emulated hosts: 5 / 8 up``, as text and a small HTML line (updated in place)."""
+
+    def __init__(self, up: int, expected: int) -> None:
+        self.text = (f"Starting emulated TPU hosts: {up} / {expected} up" if expected
+                     else "Starting the emulated head node ...")
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        return f"<code>{self.text}</code>"

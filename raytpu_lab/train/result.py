@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.streams import LogBook, placement_table
 
-__all__ = ["RunResult"]
+__all__ = ["RunResult", "progress", "Counts"]
+
+Counts = Literal["steps", "reports"]
+
+
+def progress(rows: Sequence[Mapping[str, Any]]) -> tuple[int, float, Counts]:
+    """``(count, per second, what is counted)`` of one rank's reports, in report order.
+
+    Counts steps (the last ``step`` + 1, rate between the first and last report that carry
+    ``step``) when the last report has a ``step`` key, else reports (one per
+    ``ray.train.report``). The rate is 0.0 with fewer than two reports or no time between them.
+    The run result and the live dashboard both use this rule.
+    """
+    what: Counts = "steps" if rows and "step" in rows[-1] else "reports"
+    if what == "steps":
+        span = [r for r in rows if "step" in r]
+        count = int(span[-1]["step"]) + 1
+        done = float(span[-1]["step"] - span[0]["step"])
+    else:
+        span, count, done = list(rows), len(rows), float(len(rows) - 1)
+    if len(span) < 2 or span[-1]["time_s"] <= span[0]["time_s"]:
+        return count, 0.0, what
+    return count, done / (span[-1]["time_s"] - span[0]["time_s"]), what
 
 
 @dataclass
@@ -62,20 +85,23 @@ class RunResult:
         return [r for r in self.records if r["rank"] == 0]
 
     @property
+    def counts(self) -> str:
+        """What :attr:`steps` and :attr:`steps_per_s` count: ``"steps"`` when rank 0 reports a
+        ``step`` key, else ``"reports"`` (one per ``ray.train.report`` call, e.g. a run that
+        reports ``epoch`` only)."""
+        return progress(self.rank0())[2]
+
+    @property
     def steps(self) -> int:
-        """Training steps seen: the last reported ``step`` + 1, or the number of reports."""
-        rows = self.rank0()
-        if rows and "step" in rows[-1]:
-            return int(rows[-1]["step"]) + 1
-        return len(rows)
+        """Training steps seen: the last reported ``step`` + 1, or the number of reports when
+        there is no ``step`` key (see :attr:`counts`)."""
+        return progress(self.rank0())[0]
 
     @property
     def steps_per_s(self) -> float:
-        """Steps per second between the first and the last report of rank 0 (compile excluded)."""
-        rows = [r for r in self.rank0() if "step" in r]
-        if len(rows) < 2 or rows[-1]["time_s"] <= rows[0]["time_s"]:
-            return 0.0
-        return (rows[-1]["step"] - rows[0]["step"]) / (rows[-1]["time_s"] - rows[0]["time_s"])
+        """Steps (or reports, see :attr:`counts`) per second between the first and the last
+        report of rank 0 (compile excluded); 0.0 with fewer than two reports."""
+        return progress(self.rank0())[1]
 
     @property
     def final_metrics(self) -> dict[str, Any]:
@@ -115,14 +141,17 @@ class RunResult:
         return pd.DataFrame.from_records(rows)
 
     def summary(self) -> dict[str, Any]:
-        """A JSON-able summary: wall time, steps, steps/s, final metrics, slices, storage."""
+        """A JSON-able summary: wall time, steps, steps/s, final metrics, slices, storage.
+
+        ``steps`` and ``steps_per_s`` count reports when rank 0 reports no ``step`` key;
+        ``counts`` says which (``"steps"`` or ``"reports"``)."""
         return {"name": self.name, "pod_type": self.shape.pod_type, "topology": self.shape.topology,
                 "slices": self.slice_names, "workers": self.num_workers,
-                "wall_s": round(self.wall_s, 1), "steps": self.steps,
+                "wall_s": round(self.wall_s, 1), "steps": self.steps, "counts": self.counts,
                 "steps_per_s": round(self.steps_per_s, 2), "final_metrics": self.final_metrics,
                 "storage_path": self.storage_path, "error": self.error, "stopped": self.stopped}
 
     def __repr__(self) -> str:
         state = "failed" if self.error else "stopped" if self.stopped else "finished"
         return (f"RunResult({self.name!r} {state}: {self.shape.pod_type} x{self.num_slices} on "
-                f"{self.slice_names}, {self.steps} steps in {self.wall_s:.1f} s)")
+                f"{self.slice_names}, {self.steps} {self.counts} in {self.wall_s:.1f} s)")

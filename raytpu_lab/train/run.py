@@ -115,6 +115,7 @@ class RunHandle:
         except Exception:
             self._job_id = None  # the workers' pids, as Ray's log batches carry them
         self._stop_requested = threading.Event()
+        self._failing = threading.Event()  # a rank raised: the run is being ended by us
         self._fit_done = threading.Event()
         self._done = threading.Event()
         self._stop_lock = threading.Lock()
@@ -162,8 +163,13 @@ class RunHandle:
         Returns:
             Whether the run ended and its placement groups were removed within ``timeout_s``.
         """
-        deadline = time.monotonic() + timeout_s
         self._stop_requested.set()
+        return self._abort(timeout_s)
+
+    def _abort(self, timeout_s: float) -> bool:
+        """Abort through Ray Train's controller, wait for ``fit()`` to end and the placement
+        groups to go (as :meth:`stop`, whose flag the caller sets or not)."""
+        deadline = time.monotonic() + timeout_s
         with self._stop_lock:
             while not self._fit_done.is_set():
                 controller = self._controller
@@ -181,6 +187,19 @@ class RunHandle:
         while self._live_pgs() and time.monotonic() < deadline:
             time.sleep(0.1)
         return self._fit_done.is_set() and not self._live_pgs()
+
+    def _fail_fast(self) -> None:
+        """A rank raised (the worker tap said so): end the run now.
+
+        Left alone, Ray Train notices at its next poll of the workers, then shuts the worker
+        group down gracefully: each worker's shutdown hooks and ``jax.distributed.shutdown``
+        (up to 30 s, ``JAX_DISTRIBUTED_SHUTDOWN_TIMEOUT_S``), while ranks still blocked in a
+        collective with the failed one wait for it; a failure took over a minute to end the
+        cell. No retry is lost: our runs have ``max_failures=0``, so the run fails anyway. The
+        abort runs in its own thread (the drain thread keeps delivering updates meanwhile)."""
+        self._failing.set()
+        threading.Thread(target=self._abort, args=(STOP_TIMEOUT_S,),
+                         name=f"raytpu-fail-{self.name}", daemon=True).start()
 
     def _remove_orphan_pgs(self) -> None:
         """After a kill mid-start: remove the unnamed placement groups Ray Train made for this
@@ -259,13 +278,18 @@ class RunHandle:
                 self.result.error = self._error_text(error)
         except ray.exceptions.RayActorError as err:
             # abort() exits the controller actor, so fit()'s ray.get of its run() ends here.
-            if not self._stop_requested.is_set():
+            if self._failing.is_set():
+                self.result.error = "a worker raised"  # replaced by its traceback at the end
+            elif not self._stop_requested.is_set():
                 self.result.error = f"Ray Train's controller died: {err}"
         except BaseException as err:  # noqa: BLE001 - recorded, raised in the caller's thread
             if not self._stop_requested.is_set():
                 self.result.error = self._error_text(err)
             # Keep only text: a kept exception (traceback) keeps Ray Train's controller alive.
         finally:
+            if self._failing.is_set() and not self._stop_requested.is_set() \
+                    and self.result.error is None:
+                self.result.error = "a worker raised"
             self.result.stopped = self._stop_requested.is_set()
             self.result.wall_s = time.monotonic() - self._start
             self._fit_done.set()
@@ -343,6 +367,9 @@ class RunHandle:
         r.records.extend(update.records)
         r.workers.extend(update.workers)
         r.worker_errors.extend(update.errors)
+        if update.errors and not self._failing.is_set() and not self._stop_requested.is_set() \
+                and not self._fit_done.is_set():
+            self._fail_fast()
         if self._find_slices is not None and not r.slice_names:
             try:
                 r.slice_names, self._pg_ids = self._find_slices()

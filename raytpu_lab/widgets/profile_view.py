@@ -1,13 +1,16 @@
 """The profile of a run, shown inline after it: step-time breakdown and skew per host, top XLA
 ops, recompilations, and how to open the traces in XProf.
 
-Static (no kernel needed once drawn): one plotly figure (stacked bars of compile / execute /
-report / host time per host, and a host x step skew heatmap) with plotly.js inline, two HTML
-tables, and a ``text/plain`` summary for terminals and logs. Pure of Ray.
+Static (no kernel needed once drawn), shown as two outputs (:meth:`ProfileView._ipython_display_`):
+one plotly figure (stacked bars of compile / execute / report / host time per host, and a host x
+step skew heatmap) as ``application/vnd.plotly.v1+json`` (no plotly.js in the notebook), then
+script-free HTML (the skew map as an ``<img>``, two tables) with a ``text/plain`` summary for
+terminals and logs. Pure of Ray.
 """
 
 from __future__ import annotations
 
+import json
 from html import escape
 from typing import Any
 
@@ -16,7 +19,7 @@ from plotly.subplots import make_subplots
 
 from raytpu_lab.state.model import ClusterSnapshot
 from raytpu_lab.train.profile_analysis import ProfileReport
-from raytpu_lab.widgets.svg import render_svg
+from raytpu_lab.widgets.svg import render_svg, svg_img
 
 __all__ = ["ProfileView", "PARTS"]
 
@@ -102,7 +105,7 @@ class ProfileView:
         return "\n".join(lines)
 
     def html(self) -> str:
-        """Figure (plotly.js inline, no network) + op and compile tables + the XProf one-liner."""
+        """Script-free HTML: straggler, skew map (an ``<img>``), op and compile tables, XProf line."""
         r = self.report
         head = ("<div class='raytpu-profile' style='font-family:sans-serif;font-size:12px'>"
                 "<style>.raytpu-profile th,.raytpu-profile td{padding:2px 8px;text-align:left}"
@@ -114,8 +117,6 @@ class ProfileView:
         straggler = r.straggler()
         if straggler:
             head += f"<div>Straggler: <b>{escape(straggler)}</b></div>"
-        body = self.figure().to_html(include_plotlyjs=True, full_html=False) if r.breakdown or \
-            r.skew_s else ""
         ops = "".join(f"<tr><td>{escape(o.name)}</td><td>{escape(o.module)}</td>"
                       f"<td style='text-align:right'>{o.occurrences}</td>"
                       f"<td style='text-align:right'>{o.self_s * 1e3:.3f}</td>"
@@ -137,8 +138,28 @@ class ProfileView:
                      f"(or <code>tensorboard --logdir {escape(r.logdir)}</code>)</div></div>")
         skew_map = self.skew_map()
         if skew_map:
-            skew_map = f"<div><div>Skew per host on the map (red: slower)</div>{skew_map}</div>"
-        return head + body + skew_map + tables + one_liner
+            skew_map = (f"<div><div>Skew per host on the map (red: slower)</div>"
+                        f"{svg_img(skew_map, 'skew per host')}</div>")
+        return head + skew_map + tables + one_liner
+
+    def figure_bundle(self) -> dict[str, Any] | None:
+        """The figure as plotly's mime bundle (``None`` when there is nothing to draw)."""
+        r = self.report
+        if not (r.breakdown or r.skew_s):
+            return None
+        fig = json.loads(self.figure().to_json())
+        fig.get("layout", {}).pop("template", None)
+        fig["config"] = {"displaylogo": False, "responsive": True}
+        return {"application/vnd.plotly.v1+json": fig,
+                "text/plain": f"profile of steps {r.window[0]}:{r.window[1]} (plotly chart)"}
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        fig = self.figure_bundle()
+        if fig is not None:
+            display(fig, raw=True)
+        display(self._repr_mimebundle_(), raw=True)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
         return {"text/plain": self.text(), "text/html": self.html()}

@@ -10,19 +10,29 @@ Rules it keeps (JupyterLab stays responsive however loud the run is):
 - Widgets are only ever changed by setting their values, from whatever thread; nothing is printed
   or written through ``with output:`` from a background thread (ipykernel 7 routes such output by
   thread, not by widget).
-- Charts redraw at most once per ``redraw_interval_s`` (one ``batch_update`` per redraw, each trace
-  downsampled to ``max_points``); log panes at most once per ``log_interval_s``, only the open
-  pane is re-sent, and each keeps its rank's last ``max_log_lines`` lines.
+- The chart (:class:`~raytpu_lab.widgets.run_chart.LiveChart`, SVG drawn by its own small ES
+  module) gets new points at most once per ``redraw_interval_s``, only points it has not got;
+  log panes at most once per ``log_interval_s``, only the open pane is re-sent, and each keeps
+  its rank's last ``max_log_lines`` lines.
 - Button callbacks never raise into the kernel: an exception is shown in the dashboard's message
   line (a comm callback's traceback would otherwise only reach the browser console).
 
-:meth:`RunDashboard.static_html` renders the same content as self-contained HTML (plotly.js
-inline, tables, ``<details>`` per worker) for exports and notebooks opened without a kernel.
+:meth:`RunDashboard.show` displays it (two outputs, each with a display id); :meth:`freeze`
+replaces both with small, safe static bundles when the run ends (no widget view is saved):
+
+- the chart as ``application/vnd.plotly.v1+json`` (plotly's own JupyterLab renderer draws it with
+  no kernel and no trust; at most :data:`STATIC_POINTS` points in all, no plotly.js inside) +
+  ``image/svg+xml`` (:func:`~raytpu_lab.widgets.chart_svg.render_chart_svg`: nbconvert, VS Code,
+  GitHub) + ``text/plain``;
+- status, errors, placement, summary and logs as script-free ``text/html`` + ``text/plain``.
+
+Then every widget of the dashboard is closed, so it can be garbage-collected.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import threading
 import traceback
 from collections.abc import Callable
@@ -32,6 +42,7 @@ import ipywidgets as w
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from raytpu_lab.train.result import progress
 from raytpu_lab.train.streams import (
     PLACEMENT_COLUMNS,
     LogBook,
@@ -41,15 +52,22 @@ from raytpu_lab.train.streams import (
     numeric_keys,
     placement_table,
 )
+from raytpu_lab.widgets.chart_svg import PALETTE, render_chart_svg
+from raytpu_lab.widgets.run_chart import FIXED_PANELS, PANEL_TITLES, LiveChart
+from raytpu_lab.widgets.svg import svg_img
 
 if TYPE_CHECKING:
     from raytpu_lab.train.result import RunResult
     from raytpu_lab.train.run import RunUpdate
 
-__all__ = ["RunDashboard"]
+__all__ = ["RunDashboard", "STATIC_POINTS", "PLOTLY_MIME"]
 
-_FIXED = ("step_time_s", "steps_per_s")
-_TITLES = {"step_time_s": "step time (s)", "steps_per_s": "throughput (steps/s)"}
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+STATIC_POINTS = 6000
+"""Points in all traces of the saved plotly chart (each trace at most 2,000): ~100 KB of JSON."""
+_FIXED = FIXED_PANELS
+_TITLES = PANEL_TITLES
+_SVG_POINTS = 150  # per trace of the saved SVG
 _STYLE = ("<style>.raytpu-dash table{border-collapse:collapse;font-size:12px}"
           ".raytpu-dash td,.raytpu-dash th{border:1px solid #ddd;padding:2px 6px;text-align:left}"
           ".raytpu-dash pre{max-height:320px;overflow:auto;font-size:11px;margin:0;"
@@ -90,12 +108,14 @@ class RunDashboard:
         self._key = "loss"
         self._chart_throttle = Throttle(redraw_interval_s)
         self._log_throttle = Throttle(log_interval_s)
+        self._status_throttle = Throttle(1.0)
         self._dirty_chart = self._dirty_table = self._dirty_logs = False
         self._drawn_log_rev: dict[int, int] = {}
         self._elapsed_s = 0.0
         self._state = "starting"
         self._result: RunResult | None = None
         self.redraws = 0
+        self._handles: list[Any] = []
         if live:
             self._build()
 
@@ -107,32 +127,90 @@ class RunDashboard:
                                     tooltip="Abort the run and free its slices (Ray Train abort)")
         self.stop_button.on_click(self._clicked_stop)
         self.message = w.HTML("")
-        self.key_select = w.Dropdown(options=["loss"], value="loss", description="metric",
-                                     layout=w.Layout(width="260px"))
-        self.key_select.observe(self._key_changed, names="value")
-        self.figure = go.FigureWidget(self._base_figure())
+        self.chart = LiveChart(self._chart_series, title=self.title, lock=self._lock)
+        self.chart.observe(self._key_changed, names="key")
         self.placement = w.HTML(self._placement_html())
         self.log_panes = w.Accordion(children=[])
         self.log_panes.observe(self._pane_opened, names="selected_index")
         self.summary = w.HTML("")
         self.widget = w.VBox([
-            w.HBox([self.stop_button, self.status]), self.message, self.key_select, self.figure,
+            w.HBox([self.stop_button, self.status]), self.message, self.chart,
             w.HTML("<b>Placement</b>"), self.placement, w.HTML("<b>Logs</b> (last lines per rank)"),
             self.log_panes, self.summary], layout=w.Layout(width="100%"))
         self.widget.add_class("raytpu-dashboard")
 
     def _base_figure(self) -> go.Figure:
         fig = make_subplots(rows=1, cols=3, subplot_titles=(self._key, *(_TITLES[k] for k in _FIXED)))
-        fig.update_layout(title=self.title, height=320, margin={"t": 60, "b": 40, "l": 50, "r": 20},
-                          legend={"orientation": "h", "y": -0.2})
-        fig.update_xaxes(title_text="step")
+        fig.update_layout(title=self.title, height=370, margin={"t": 90, "b": 80, "l": 50, "r": 20},
+                          legend={"orientation": "h", "y": -0.32})
+        fig.update_xaxes(title_text=self._xlabel())
         return fig
 
+    def _xlabel(self) -> str:
+        return "step" if any("step" in r for rows in self._rows.values() for r in rows[:1]) \
+            else "report"
+
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        """The live widget plus a text line (front ends without a widget manager show that)."""
+        """The live widget plus a text line and a script-free HTML status (shown by front ends
+        without a widget manager, or when the notebook is opened untrusted)."""
         bundle = self.widget._repr_mimebundle_(**kwargs)
         data, meta = bundle if isinstance(bundle, tuple) else (bundle or {}, {})
-        return {**data, "text/plain": self.text()}, meta
+        return {**data, "text/plain": self.text(),
+                "text/html": f"<div><b>{html.escape(self.text())}</b></div>"}, meta
+
+    # -- display ---------------------------------------------------------------------------
+
+    def show(self) -> list[Any]:
+        """Display the live dashboard in the current cell (two outputs with display ids: the
+        widget, and a place for the tables :meth:`freeze` writes); returns the handles."""
+        from IPython.display import display
+
+        self._handles = [display(self, display_id=True),
+                         display({"text/plain": ""}, raw=True, display_id=True)]
+        return self._handles
+
+    def freeze(self) -> None:
+        """Replace the displayed live view with its static bundles and close every widget.
+
+        Safe to call more than once and without :meth:`show` (then it only closes).
+        """
+        with self._lock:
+            handles, self._handles = self._handles, []
+            if handles:
+                chart = self.static_chart_bundle() if self._rows else {"text/plain": ""}
+                handles[0].update(chart, raw=True)
+                if len(handles) > 1:
+                    handles[1].update(self.static_tables_bundle(), raw=True)
+            self.close()
+
+    def close(self) -> None:
+        """Close every widget of the dashboard (the live view stops; the data stays)."""
+        if not self.live:
+            return
+        for widget in self._all_widgets():
+            widget.close()
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called (or the dashboard was built without widgets)."""
+        return not self.live or self.widget.comm is None
+
+    def _all_widgets(self) -> list[w.Widget]:
+        out: list[w.Widget] = []
+
+        def walk(x: Any) -> None:
+            if not isinstance(x, w.Widget) or x in out:
+                return
+            out.append(x)
+            for name in ("children", "layout", "style"):
+                value = getattr(x, name, None)
+                for child in value if isinstance(value, list | tuple) else [value]:
+                    walk(child)
+
+        walk(self.widget)
+        if self.chart not in out:
+            walk(self.chart)
+        return out
 
     # -- listener --------------------------------------------------------------------------
 
@@ -184,7 +262,8 @@ class RunDashboard:
         if not self.live:
             return
         try:
-            self.status.value = self._status_html()
+            if final or self._status_throttle.ready():  # its seconds change every second
+                self.status.value = self._status_html()
             if self._dirty_chart and (final or self._chart_throttle.ready()):
                 self._draw_chart()
                 self._dirty_chart = False
@@ -200,37 +279,45 @@ class RunDashboard:
         except Exception:  # a drawing bug shows in the view, never kills the drain thread
             self.show_error("dashboard error:\n" + traceback.format_exc())
 
-    def _series(self, key: str) -> dict[int, tuple[list[float], list[float]]]:
-        return {rank: downsample(*metric_series(rows, key), self.max_points)
+    def _series(self, key: str, max_points: int | None = None
+                ) -> dict[int, tuple[list[float], list[float]]]:
+        n = self.max_points if max_points is None else max_points
+        return {rank: downsample(*metric_series(rows, key), n)
                 for rank, rows in sorted(self._rows.items())}
+
+    def _chart_series(self, key: str, starts: dict[int, int]
+                      ) -> dict[int, tuple[list[float], list[float], int]]:
+        """Points of ``key`` per rank from row ``starts[rank]`` on (the live chart's feed)."""
+        with self._lock:
+            out: dict[int, tuple[list[float], list[float], int]] = {}
+            for rank, rows in sorted(self._rows.items()):
+                start = starts.get(rank, 0)
+                if start >= len(rows):
+                    out[rank] = ([], [], len(rows))
+                    continue
+                sub = rows[max(0, start - 1):]  # one row before: derived keys need it
+                xs, ys = metric_series(sub, key)
+                if start > 0 and metric_series(sub[:1], key)[0]:
+                    xs, ys = xs[1:], ys[1:]  # that row's own point was sent before
+                out[rank] = (xs, ys, len(rows))
+            return out
 
     def _draw_chart(self) -> None:
         all_rows = [r for rows in self._rows.values() for r in rows[-5:]]
         keys = numeric_keys(all_rows) if all_rows else []
         keys = keys + [k for k in _FIXED if k not in keys]
-        if keys != self._keys:
-            self._keys = keys
-            options = list(keys)
-            if self._key not in options:
-                self._key = next((k for k in options if k not in ("step", *_FIXED)), options[0])
-            self.key_select.options = options
-            self.key_select.value = self._key
-        fig = self.figure
-        ranks = sorted(self._rows)
-        want = [(rank, col) for col in range(3) for rank in ranks]
-        with fig.batch_update():
-            if len(fig.data) != len(want):
-                fig.data = ()
-                for rank, col in want:
-                    fig.add_trace(go.Scatter(x=[], y=[], mode="lines", name=f"rank {rank}",
-                                             legendgroup=f"rank {rank}", showlegend=col == 0),
-                                  row=1, col=col + 1)
-            for i, key in enumerate([self._key, *_FIXED]):
-                series = self._series(key)
-                for j, rank in enumerate(ranks):
-                    trace = fig.data[i * len(ranks) + j]
-                    trace.x, trace.y = series[rank]
-            fig.layout.annotations[0].text = self._key
+        chart = self.chart
+        with chart.hold_sync():
+            if keys != self._keys:
+                self._keys = keys
+                if self._key not in keys:
+                    self._key = _default_key(keys)
+                chart.metrics = list(keys)
+            chart.xlabel = self._xlabel()
+        if chart.key != self._key:
+            chart.key = self._key  # sends a full state
+        else:
+            chart.push()
 
     def _draw_logs(self) -> None:
         ranks = self._logs.ranks
@@ -288,9 +375,8 @@ class RunDashboard:
     def _key_changed(self, change: dict[str, Any]) -> None:
         try:
             with self._lock:
-                if change["new"] and change["new"] != self._key:
+                if change["new"] and change["new"] != self._key and change["new"] in self._keys:
                     self._key = change["new"]
-                    self._draw_chart()
         except Exception:
             self.show_error("metric change failed:\n" + traceback.format_exc())
 
@@ -306,23 +392,12 @@ class RunDashboard:
 
     # -- text and static HTML --------------------------------------------------------------
 
-    def _steps(self) -> tuple[int, float]:
-        rows = self._rows.get(0) or next(iter(self._rows.values()), [])
-        with_step = [r for r in rows if "step" in r]
-        if len(with_step) >= 2 and with_step[-1]["time_s"] > with_step[0]["time_s"]:
-            rate = ((with_step[-1]["step"] - with_step[0]["step"])
-                    / (with_step[-1]["time_s"] - with_step[0]["time_s"]))
-        else:
-            rate = 0.0
-        steps = int(with_step[-1]["step"]) + 1 if with_step else len(rows)
-        return steps, rate
-
     def text(self) -> str:
         """One status line: state, elapsed seconds, steps, steps/s, slices."""
-        steps, rate = self._steps()
+        count, rate, what = progress(self._rows.get(0) or next(iter(self._rows.values()), []))
         where = f" on {', '.join(self._slices)}" if self._slices else ""
         return (f"run {self.title!r} {self._state}{where}: {self._elapsed_s:.0f} s, "
-                f"{steps} steps, {rate:.2f} steps/s, {len(self._workers)} workers")
+                f"{count} {what}, {rate:.2f} {what}/s, {len(self._workers)} workers")
 
     def _status_html(self) -> str:
         color = {"failed": "#b00020", "stopped": "#a15c00", "finished": "#1b5e20"}.get(
@@ -356,8 +431,8 @@ class RunDashboard:
         if r is None:
             return ""
         s = r.summary()
-        rows = [("state", self._state), ("wall time", f"{s['wall_s']} s"), ("steps", s["steps"]),
-                ("steps/s", s["steps_per_s"]), ("final metrics", s["final_metrics"]),
+        rows = [("state", self._state), ("wall time", f"{s['wall_s']} s"),
+                (s["counts"], s["steps"]), (f"{s['counts']}/s", s["steps_per_s"]), ("final metrics", s["final_metrics"]),
                 ("slices", ", ".join(s["slices"])),
                 ("storage (checkpoints, results, traces)", s["storage_path"] or "-")]
         if r.error:
@@ -366,24 +441,33 @@ class RunDashboard:
                        for k, v in rows)
         return f"{_STYLE}<div class='raytpu-dash'><b>Summary</b><table>{body}</table></div>"
 
-    def static_figure(self) -> go.Figure:
-        """The charts as a plain plotly figure; a dropdown (plotly's own) picks the metric."""
+    def static_figure(self, max_points: int = STATIC_POINTS) -> go.Figure:
+        """The charts as a plain plotly figure; a dropdown (plotly's own) picks the metric.
+
+        Args:
+            max_points: Points in all traces together (each trace keeps at most 2,000).
+        """
         with self._lock:
             fig = self._base_figure()
             ranks = sorted(self._rows)
             all_rows = [r for rows in self._rows.values() for r in rows]
-            keys = [k for k in numeric_keys(all_rows) if k not in _FIXED] or [self._key]
+            keys = [k for k in numeric_keys(all_rows) if k not in (*_FIXED, "step")] or [self._key]
             first = self._key if self._key in keys else keys[0]
+            per_trace = max(20, min(2000, max_points // max(1, len(ranks) * (len(keys) + 2))))
             for key in keys:
-                for rank, (x, y) in self._series(key).items():
-                    fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"rank {rank}",
-                                             legendgroup=f"rank {rank}", visible=key == first,
-                                             showlegend=True, meta=key), row=1, col=1)
+                for rank, (x, y) in self._series(key, per_trace).items():
+                    fig.add_trace(go.Scatter(x=_short(x), y=_short(y), mode="lines",
+                                             name=f"rank {rank}", legendgroup=f"rank {rank}",
+                                             visible=key == first, showlegend=True, meta=key,
+                                             line={"color": PALETTE[rank % len(PALETTE)]}),
+                                  row=1, col=1)
             for col, key in enumerate(_FIXED, start=2):
-                for rank, (x, y) in self._series(key).items():
-                    fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"rank {rank}",
-                                             legendgroup=f"rank {rank}", showlegend=False,
-                                             meta=key), row=1, col=col)
+                for rank, (x, y) in self._series(key, per_trace).items():
+                    fig.add_trace(go.Scatter(x=_short(x), y=_short(y), mode="lines",
+                                             name=f"rank {rank}", legendgroup=f"rank {rank}",
+                                             showlegend=False, meta=key,
+                                             line={"color": PALETTE[rank % len(PALETTE)]}),
+                                  row=1, col=col)
             fig.layout.annotations[0].text = first
             n_fixed = len(_FIXED) * len(ranks)
             if len(keys) > 1:
@@ -393,19 +477,43 @@ class RunDashboard:
                     buttons.append({"label": key, "method": "update",
                                     "args": [{"visible": visible},
                                              {"annotations[0].text": key}]})
-                fig.update_layout(updatemenus=[{"buttons": buttons, "x": 0, "y": 1.25,
-                                                "xanchor": "left", "active": keys.index(first)}])
+                # left of the title row, above the subplot titles: it covers no label
+                fig.update_layout(updatemenus=[{"buttons": buttons, "x": 1.0, "y": 1.2,
+                                                "xanchor": "right", "yanchor": "bottom",
+                                                "active": keys.index(first)}])
             return fig
 
-    def static_html(self) -> str:
-        """Everything as one HTML fragment with plotly.js inline (~4.7 MB; no network needed)."""
+    def static_svg(self) -> str:
+        """The chart as an SVG image (the chosen metric, step time, throughput; every rank)."""
+        with self._lock:
+            key = self._key if any(self._series(self._key, 2).values()) else next(
+                (k for k in numeric_keys([r for rows in self._rows.values() for r in rows])
+                 if k not in _FIXED), self._key)
+            panels = [(k if k == key else _TITLES.get(k, k), self._series(k, _SVG_POINTS))
+                      for k in (key, *_FIXED)]
+            return render_chart_svg(self.text(), panels, xlabel=self._xlabel())
+
+    def static_chart_bundle(self) -> dict[str, Any]:
+        """``{plotly JSON, image/svg+xml, text/plain}`` of the chart: small, safe, no script."""
+        fig = json.loads(self.static_figure().to_json())
+        fig.get("layout", {}).pop("template", None)  # ~10 KB of styling plotly.js has anyway
+        fig["config"] = {"displaylogo": False, "responsive": True}
+        return {PLOTLY_MIME: fig, "image/svg+xml": self.static_svg(), "text/plain": self.text()}
+
+    def static_tables_bundle(self) -> dict[str, str]:
+        """Status, errors, placement, summary and logs as script-free HTML + ``text/plain``."""
+        return {"text/html": self.static_html(chart=False), "text/plain": self.text()}
+
+    def static_html(self, *, chart: bool = True) -> str:
+        """Everything as one script-free HTML fragment; the chart (if ``chart``) as an ``<img>``
+        of :meth:`static_svg` (JupyterLab's sanitizer keeps it in untrusted notebooks)."""
         with self._lock:
             parts = [_STYLE, "<div class='raytpu-dash'>",
                      f"<div><b>{html.escape(self.text())}</b></div>"]
             if self._errors:
                 parts.append(self._errors_html())
-            if self._rows:
-                parts.append(self.static_figure().to_html(include_plotlyjs=True, full_html=False))
+            if chart and self._rows:
+                parts.append(_img(self.static_svg(), "metrics of every rank"))
             parts += ["<b>Placement</b>", self._placement_html(), self._summary_html(),
                       "<b>Logs</b> (last lines per rank)"]
             for rank in self._logs.ranks:
@@ -413,6 +521,24 @@ class RunDashboard:
                              f"{_pre(self._logs.tail(rank))}</details>")
             parts.append("</div>")
             return "".join(parts)
+
+
+def _default_key(keys: list[str]) -> str:
+    """The metric shown first: ``loss``, else a ``*loss*`` key, else the first that is not a
+    counter (``step``, ``epoch``) or a derived rate."""
+    if "loss" in keys:
+        return "loss"
+    return next((k for k in keys if "loss" in k), None) or next(
+        (k for k in keys if k not in ("step", "epoch", "report", *_FIXED)), keys[0])
+
+
+def _short(values: list[float]) -> list[float]:
+    """6 significant digits: the saved JSON stays small."""
+    return [v if v == int(v) else float(f"{v:.6g}") for v in values]
+
+
+def _img(svg: str, alt: str) -> str:
+    return svg_img(svg, alt)
 
 
 def _pre(lines: list[tuple[str, str]]) -> str:

@@ -6,7 +6,10 @@ Pure (stdlib only): what exported notebooks, nbviewer, GitHub and a broken widge
   :meth:`SliceShape.host_coords`, chips at :meth:`SliceShape.chip_coords`; the z-planes of a 3-D
   topology side by side), chips coloured by state, with a legend. Slices of more than
   :data:`MAX_HOSTS_WITH_CHIPS` hosts are drawn as hosts only. Slices wrap into rows.
-- :func:`render_status_html`: a status table followed by the SVG.
+- :func:`render_status_html`: a status table followed by the SVG as an ``<img>`` (a data URI:
+  JupyterLab's sanitizer drops inline ``<svg>`` from untrusted notebooks but keeps that), or
+  inline (``inline_svg=True``, e.g. for an exported page, where hover titles then work).
+- :func:`svg_img`: any SVG as such an ``<img>``; :func:`inline_svg_imgs` turns them back.
 - :func:`render_status_text`: the same table as plain text (``text/plain``).
 
 The SVG is self-contained: presentation attributes only (no CSS, fonts, scripts or links), so
@@ -15,6 +18,8 @@ inlining it in a page never restyles anything else. Every string from the cluste
 
 from __future__ import annotations
 
+import base64
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 
@@ -27,6 +32,8 @@ __all__ = [
     "render_svg",
     "render_status_html",
     "render_status_text",
+    "svg_img",
+    "inline_svg_imgs",
 ]
 
 STATE_COLORS: dict[str, str] = {
@@ -281,9 +288,31 @@ _HEADER = ["slice", "pod type", "topology", "hosts alive/expected", "chips free/
            "owner"]
 
 
+def svg_img(svg: str, alt: str) -> str:
+    """``svg`` as an ``<img>`` with a base64 data URI (survives HTML sanitizers; no script)."""
+    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    return f'<img class="raytpu-svg" alt="{_e(alt)}" src="data:image/svg+xml;base64,{data}"/>'
+
+
+_IMG_RE = re.compile(r'<img class="raytpu-svg" alt="[^"]*" src="data:image/svg\+xml;base64,'
+                     r'([A-Za-z0-9+/=]+)"/>')
+
+
+def inline_svg_imgs(html: str) -> str:
+    """Replace every :func:`svg_img` in ``html`` by the SVG itself (for trusted pages)."""
+    return _IMG_RE.sub(lambda m: base64.b64decode(m.group(1)).decode("utf-8"), html)
+
+
 def render_status_html(snapshot: ClusterSnapshot, highlight: Iterable[str] | None = None,
-                       dcn: Iterable[Sequence[str]] = ()) -> str:
-    """A status table (one row per slice) followed by :func:`render_svg`, as an HTML fragment."""
+                       dcn: Iterable[Sequence[str]] = (), *, inline_svg: bool = False) -> str:
+    """A status table (one row per slice) followed by :func:`render_svg`, as an HTML fragment.
+
+    Args:
+        snapshot: What to show.
+        highlight: Slice names to ring.
+        dcn: Multi-slice groups to join with a DCN link.
+        inline_svg: Inline ``<svg>`` rather than an ``<img>`` (see module doc).
+    """
     cell = 'style="padding:2px 10px;text-align:left;border-bottom:1px solid #dadce0"'
     head = "".join(f"<th {cell}>{_e(h)}</th>" for h in _HEADER)
     body = []
@@ -297,8 +326,10 @@ def render_status_html(snapshot: ClusterSnapshot, highlight: Iterable[str] | Non
         body.append(f'<tr><td {cell} colspan="{len(_HEADER)}">No TPU slices.</td></tr>')
     table = (f'<table style="border-collapse:collapse;font-family:sans-serif;font-size:12px">'
              f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+    svg = render_svg(snapshot, highlight=highlight, dcn=dcn)
+    picture = svg if inline_svg else svg_img(svg, "map of the TPU slices")
     return (f'<div class="raytpu-status">{table}<div style="margin-top:8px">'
-            f"{render_svg(snapshot, highlight=highlight, dcn=dcn)}</div></div>")
+            f"{picture}</div></div>")
 
 
 def render_status_text(snapshot: ClusterSnapshot) -> str:

@@ -30,8 +30,10 @@ Sync protocol (Python -> front end), chosen so a refresh of a 4,096-host pod sen
 
 Trait changes of one :meth:`TopologyMap.update` are batched with ``hold_sync()``; :meth:`update`
 is safe to call from a refresher thread. The display also carries ``text/plain``
-(:func:`~raytpu_lab.widgets.svg.render_status_text`) and ``text/html`` (the static SVG of
-:func:`~raytpu_lab.widgets.svg.render_status_html`) for front ends without a widget manager.
+(:func:`~raytpu_lab.widgets.svg.render_status_text`) and ``text/html`` (the status table and the
+static SVG map as an ``<img>``, :func:`~raytpu_lab.widgets.svg.render_status_html`) for front
+ends without a widget manager; JupyterLab shows that in an untrusted notebook (its widget
+renderer is for trusted outputs only, and its sanitizer keeps the ``<img>``).
 """
 
 from __future__ import annotations
@@ -111,7 +113,9 @@ class TopologyMap(anywidget.AnyWidget):  # type: ignore[misc]
         m.selected                 # {"slice": ..., "worker": 2, "node_id": ...} after a click
     """
 
-    _esm = pathlib.Path(__file__).with_name("topology_map.js")
+    # The module's text, not its path: anywidget watches a path-valued _esm through a signal that
+    # holds every instance strongly, so no map would ever be garbage-collected.
+    _esm = pathlib.Path(__file__).with_name("topology_map.js").read_text(encoding="utf-8")
 
     geometry = traitlets.Dict().tag(sync=True)
     highlight = traitlets.List(traitlets.Unicode()).tag(sync=True)

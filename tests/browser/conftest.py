@@ -1,8 +1,9 @@
 """A private JupyterLab server on 127.0.0.1 for the real-browser tests.
 
 Everything the server and its kernels touch is fresh and private to one test module: config, data,
-runtime and settings folders, a kernelspec pinned to this venv's Python, and the emulator's state
-root (``RAYTPU_EMULATOR_ROOT``), so a notebook's ``%raytpu up`` never meets another cluster. The
+runtime and settings folders, a kernelspec pinned to this venv's Python. The emulator's state root
+(``RAYTPU_EMULATOR_ROOT``) is the test session's own (tests/conftest.py), so a notebook's ``%raytpu
+up`` joins the session's shared cluster when the test asked for it and never meets a user's. The
 server makes no network calls of its own: the news/announcements plugin is disabled, update checks
 are off and the extension manager is read-only.
 """
@@ -144,13 +145,14 @@ def _describe(procs: list[psutil.Process]) -> str:
 
 
 def _stop_emulated_clusters(emulator_root: Path, env: dict[str, str]) -> None:
-    """Last resort after a failed test: stop any cluster left under the private state root."""
+    """Last resort after a failed test: stop any cluster a notebook started under the session's
+    state root (the session's shared cluster, tests/conftest.py, is left to the session)."""
     if not emulator_root.is_dir() or not any(emulator_root.iterdir()):
         return
     code = ("from raytpu_lab.cluster import emulator as e\n"
             "root = e.state_root()\n"
             "for d in root.iterdir():\n"
-            "    c = e.find(d.name) if d.is_dir() else None\n"
+            "    c = e.find(d.name) if d.is_dir() and d.name != e.DEFAULT_NAME else None\n"
             "    c is not None and c.down()\n")
     subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, timeout=120,
                    capture_output=True, check=False)
@@ -171,10 +173,10 @@ def lab_server() -> Iterator[LabServer]:
     base = Path(tempfile.mkdtemp(prefix="raytpu-lab-"))
     root_dir = base / "notebooks"
     root_dir.mkdir()
-    # Short on purpose: Ray's Unix socket paths under it must stay below 107 bytes.
-    emulator_root = Path(tempfile.mkdtemp(prefix="rtlab-", dir="/tmp"))
-    env = {**os.environ, **_write_private_jupyter_dirs(base),
-           "RAYTPU_EMULATOR_ROOT": str(emulator_root), "PYTHONUNBUFFERED": "1"}
+    # The session's emulator root (tests/conftest.py): a notebook's `%raytpu up` joins the
+    # session's shared cluster when a test asked for it (the `shared_cluster` fixture).
+    emulator_root = Path(os.environ["RAYTPU_EMULATOR_ROOT"])
+    env = {**os.environ, **_write_private_jupyter_dirs(base), "PYTHONUNBUFFERED": "1"}
     env.pop("JUPYTER_TOKEN", None)
     token = secrets.token_hex(24)
     port = _free_port()
@@ -216,7 +218,7 @@ def lab_server() -> Iterator[LabServer]:
         assert argv0 == sys.executable, f"kernel would run {argv0}, not this venv's {sys.executable}"
         yield server
     finally:
-        needles = (str(base), str(emulator_root))
+        needles = (str(base),)  # the server, its kernels and what they started themselves
         if proc.poll() is None:
             try:  # Graceful first: shuts kernels down (their atexit hooks run).
                 server.api("/api/shutdown", method="POST")
@@ -238,7 +240,6 @@ def lab_server() -> Iterator[LabServer]:
         leftovers = wait_until_gone(needles, timeout_s=30)
         _kill(leftovers)
         shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(emulator_root, ignore_errors=True)
         assert not leftovers, (
             "processes of the JupyterLab server, its kernels or its emulated cluster outlived the "
             f"test (killed now):\n{_describe(leftovers)}")

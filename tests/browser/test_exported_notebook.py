@@ -1,4 +1,5 @@
-"""The exported quickstart page, opened in headless Chromium with no network, shows the map and chart."""
+"""The exported quickstart page, opened in headless Chromium with no network, shows the map and chart
+(plotly.js inline once in the page)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,11 @@ def test_loss_chart_renders_offline_with_points(page) -> None:
     # rank (4 hosts) in each.
     plot = page.locator(".js-plotly-plot").first
     assert plot.locator(".scatterlayer .trace").count() == 3 * 4
-    points = plot.locator(".scatterlayer .trace").first.locator(".point").count()
-    assert points >= 10
+    d = plot.locator(".scatterlayer .trace path.js-line").first.get_attribute("d") or ""
+    assert d.count("L") >= 10
     assert not page.errors, page.errors  # type: ignore[attr-defined]
+
+
+def test_plotly_js_is_in_the_page_once(quickstart_build: dict) -> None:
+    text = (quickstart_build["out"] / "quickstart.html").read_text()
+    assert text.count("* plotly.js v") == 1

@@ -89,9 +89,16 @@ def test_jax_cell_trains_on_16_devices_of_one_slice(ip, lab: Lab) -> None:
 
 def test_worker_error_is_shown_and_the_slice_freed(ip, lab: Lab) -> None:
     cell = "def boom(config):\n    raise ValueError('bad batch shape from the worker')\n"
-    out = _run(ip, "jax --topology 4x4 --version v6e --name boom", cell)
-    _assert_brief(out, "TrainingError: Training run 'boom' failed", "bad batch shape from the worker",
-                  "rank 0 on host ", "Traceback (most recent call last)", "in boom")
+    source = "%%raytpu jax --topology 4x4 --version v6e --name boom\n" + cell
+    with capture_output() as captured:
+        result = ip.run_cell(source, store_history=False)
+    out = _Shown(captured, result)
+    # One block per failure: the cell's error is one line; the traceback is in the run's view.
+    _assert_brief(out, "TrainingError: Training run 'boom' failed: rank ",
+                  "ValueError: bad batch shape from the worker", "in the run's view above")
+    assert "Traceback" not in out.text
+    shown = "\n".join(str(o.data.get("text/html", "")) for o in captured.outputs)
+    assert "Traceback (most recent call last)" in shown and "in boom" in shown, shown[-2000:]
     _assert_nothing_left(lab)
 
 
@@ -102,9 +109,9 @@ def test_worker_error_is_shown_and_the_slice_freed(ip, lab: Lab) -> None:
     ("reserve 4x4 --version v6e --slices 3", "cluster has 2 intact"),
     ("up --tpu v6e:4x5", "not a valid topology"),
     ("release ghost", "No reservation named 'ghost'"),
-    ("reserve 4x4 --version v6e --timeout 0", "must be above 0"),
+    ("reserve 4x4 --version v6e --timeout 0", "must be a finite number above 0"),
     ("reserve 4x4 --version v6e --name 'x y'", "is not a reservation name"),
-    ("up --tpu v6e:16x16 --slices 1", "too many for this machine"),
+    ("up --tpu v6e:16x16 --slices 4", "too many for this machine"),  # 256 hosts (64 fit)
     ("connect http://127.0.0.1:6379", "scheme is not a Ray address"),
 ])
 def test_bad_input_is_one_clear_message(ip, lab: Lab, line: str, needle: str) -> None:
@@ -152,7 +159,8 @@ def test_release_leaves_the_slice_idle_in_the_next_status(ip, lab: Lab) -> None:
 
 
 def test_up_while_running_says_how_to_reach_it(ip, lab: Lab, cluster: emulator.EmulatedCluster) -> None:
-    out = _run(ip, f"up --name {cluster.name} --slices 1")
+    """A running cluster of that name without the slices asked for (one with them is joined)."""
+    out = _run(ip, f"up --name {cluster.name} --tpu v6e:8x8 --slices 1")
     _assert_brief(out, "already running at " + cluster.address, "%raytpu connect", "%raytpu down")
 
 
@@ -185,7 +193,7 @@ def test_status_shows_table_and_map(ip, lab: Lab) -> None:
         ip.run_line_magic("raytpu", "status")
     bundle = out.outputs[0].data
     assert "tpu-v6e-4x4-0" in bundle["text/plain"]
-    assert "<svg" in bundle["text/html"]
+    assert '<img class="raytpu-svg"' in bundle["text/html"]  # the map, kept when untrusted
 
 
 def _assert_nothing_left(lab: Lab) -> None:

@@ -15,6 +15,7 @@ from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
 from raytpu_lab.lab import Lab
+from raytpu_lab.widgets.svg import inline_svg_imgs
 
 from .conftest import live_actors, live_placement_groups, wait_until
 
@@ -84,7 +85,8 @@ def test_profile_window_traces_every_worker(ip, lab: Lab, tmp_path: Path) -> Non
     shown = _shown(out)
     assert "xprof server --logdir" in shown and "Straggler: tpu-v6e-4x4-" in shown
     html = [o.data["text/html"] for o in out.outputs if "Skew per host" in o.data.get("text/html", "")]
-    assert len(html) == 1 and "data-heat" in html[0] and "Plotly.newPlot" in html[0]
+    assert len(html) == 1 and "data-heat" in inline_svg_imgs(html[0]) and "<script" not in html[0]
+    assert any("application/vnd.plotly.v1+json" in o.data for o in out.outputs)  # the figure
     assert wait_until(lambda: not live_placement_groups(), 10), live_placement_groups()
     assert wait_until(lambda: not live_actors(), 10), live_actors()
 

@@ -86,6 +86,6 @@ def test_typos_in_options_are_named_not_guessed(argv: list[str], needle: str) ->
 def test_map_interval_must_be_positive() -> None:
     from IPython.core.error import UsageError
 
-    with pytest.raises(UsageError, match="--interval: 0 s: it must be above 0"):
+    with pytest.raises(UsageError, match="--interval: 0 s: it must be a finite number above 0"):
         build_parser().parse_args(["map", "--interval", "0"])
     assert build_parser().parse_args(["map", "--interval", "0.5"]).interval == 0.5

@@ -82,7 +82,9 @@ def test_profile_view_text_and_html(report) -> None:
     assert "Recompilations: jit(step) x2 (steps 0, 1, 2)" in text
     assert f"xprof server --logdir {report.logdir} --port 8791" in text
     html = view._repr_mimebundle_()["text/html"]
-    assert "Plotly.newPlot" in html and "all-reduce" in html and "jit(step)" in html
+    assert "Plotly" not in html and "<script" not in html  # the figure is its own plotly output
+    assert view.figure_bundle()["application/vnd.plotly.v1+json"]["data"]
+    assert "all-reduce" in html and "jit(step)" in html
     fig = view.figure()
     assert [t.type for t in fig.data] == ["bar"] * 4 + ["heatmap"]
 

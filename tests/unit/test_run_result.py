@@ -1,10 +1,9 @@
-"""RunResult summaries and the run chart, on hand-made report records."""
+"""RunResult summaries, on hand-made report records."""
 
 from __future__ import annotations
 
 from raytpu_lab.tpu.topology import parse_spec
 from raytpu_lab.train.result import RunResult
-from raytpu_lab.widgets.run_chart import RunChart
 
 
 def _records() -> list[dict]:
@@ -35,13 +34,3 @@ def test_empty_run_is_safe() -> None:
     run = RunResult(name="e", shape=parse_spec("v4:2x2x2"), num_slices=2)
     assert run.num_workers == 4 and run.steps == 0 and run.steps_per_s == 0.0
     assert run.final_metrics == {}
-
-
-def test_chart_draws_rank_zero_once_per_batch_and_exports_offline() -> None:
-    chart = RunChart("r", live=False)
-    assert not chart.has_data
-    chart.add(_records())
-    assert list(chart.figure.data[0].x) == [3, 7, 11]
-    assert list(chart.figure.data[0].y) == [2.0, 1.0, 0.5]
-    html = chart.static_html()
-    assert "Plotly.newPlot" in html and "<script src=" not in html  # plotly.js is inline

@@ -120,7 +120,7 @@ def test_labels_are_escaped() -> None:
     group = {"placement_group_id": "ee" * 18, "name": f"raytpu:{EVIL}", "state": "CREATED",
              "bundles": [{"index": 0, "node_id": nodes[0]["node_id"], "resources": {"TPU": 4.0}}]}
     snap = build_snapshot({"fetched_at": 0, "nodes": nodes, "placement_groups": [group]})
-    for out in (render_svg(snap), render_status_html(snap)):
+    for out in (render_svg(snap), render_status_html(snap, inline_svg=True)):
         assert "<script" not in out
         root = ET.fromstring(out)  # escaping keeps it well-formed
         assert any(EVIL in "".join(t.itertext()) for t in root.iter())
@@ -171,7 +171,7 @@ def test_empty_snapshot() -> None:
 
 
 def test_status_html_table() -> None:
-    html = render_status_html(_snap("one_reserved"), highlight={S0})
+    html = render_status_html(_snap("one_reserved"), highlight={S0}, inline_svg=True)
     root = ET.fromstring(html)
     rows = [["".join(td.itertext()).strip() for td in tr.iter("td")] for tr in root.iter("tr")]
     rows = [r for r in rows if r]
@@ -202,5 +202,5 @@ def test_multislice_group_gets_one_dcn_link_between_its_slices() -> None:
     assert set(panels) == {S0, S1}
     # The link runs from the right edge of the first panel to the left edge of the second.
     assert float(line.get("x1")) < float(line.get("x2"))
-    assert "dcn-link" in render_status_html(snap, [S0, S1], dcn=[[S0, S1]])
+    assert "dcn-link" in render_status_html(snap, [S0, S1], dcn=[[S0, S1]], inline_svg=True)
     assert "dcn-link" not in render_svg(snap, dcn=[[S0, "not-a-slice"]])

@@ -14,6 +14,7 @@ import pytest
 from raytpu_lab.state import ClusterSnapshot, build_snapshot
 from raytpu_lab.state.synthetic import mark_busy, synthetic_raw_state
 from raytpu_lab.widgets import topology_map
+from raytpu_lab.widgets.svg import inline_svg_imgs
 from raytpu_lab.widgets.topology_map import TopologyMap
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -158,7 +159,7 @@ def test_highlight_status_selected(idle_map: TopologyMap) -> None:
     m = TopologyMap(_snap("idle"), highlight=[S1])
     try:
         assert m.highlight == [S1]
-        assert "#a142f4" in m._repr_mimebundle_()[0]["text/html"]  # ring in the static SVG
+        assert "#a142f4" in inline_svg_imgs(m._repr_mimebundle_()[0]["text/html"])  # ring in the static SVG
     finally:
         m.close()
 
@@ -170,8 +171,11 @@ def test_mimebundle_carries_static_fallbacks() -> None:
         assert data["application/vnd.jupyter.widget-view+json"]["model_id"] == m.model_id
         assert S0 in data["text/plain"] and S1 in data["text/plain"]
         assert "reserved" in data["text/plain"]
-        assert "<svg" in data["text/html"] and 'class="host"' in data["text/html"]
-        assert data["text/html"].count('class="chip"') == 32
+        assert '<img class="raytpu-svg"' in data["text/html"]  # survives untrusted sanitizing
+        assert "<svg" not in data["text/html"]
+        html = inline_svg_imgs(data["text/html"])
+        assert "<svg" in html and 'class="host"' in html
+        assert html.count('class="chip"') == 32
     finally:
         m.close()
 
@@ -256,7 +260,7 @@ def test_dcn_groups_reach_the_view_and_the_static_map(idle_map: TopologyMap) -> 
     assert idle_map.dcn == []
     idle_map.set_dcn([iter([S0, S1]), [S1]])  # a single slice is no multi-slice group
     assert idle_map.dcn == [[S0, S1]]
-    html = idle_map._repr_mimebundle_()[0]["text/html"]
+    html = inline_svg_imgs(idle_map._repr_mimebundle_()[0]["text/html"])
     assert f'class="dcn-link" data-from="{S0}" data-to="{S1}"' in html
     idle_map.set_dcn([])
-    assert "dcn-link" not in idle_map._repr_mimebundle_()[0]["text/html"]
+    assert "dcn-link" not in inline_svg_imgs(idle_map._repr_mimebundle_()[0]["text/html"])
