@@ -44,12 +44,17 @@ browser-deps:
 		exit 1; \
 	fi
 
+# `make demo TIMEOUT=600`: seconds the emulated cluster may take to start (default 180).
 demo: $(STAMP)
-	$(PY) -m raytpu_lab.demo
+	$(PY) -m raytpu_lab.demo $(if $(TIMEOUT),--timeout $(TIMEOUT))
 
+# TEST_BUDGET: minutes after which pytest is interrupted (SIGINT), so it still prints which
+# tests ran, failed or hung, well inside CI's own limit.
+TEST_BUDGET ?= 60
 test: $(STAMP) $(TORCH_STAMP) browser-deps
 	@start=$$(date +%s); \
-	$(PY) -m pytest tests/unit tests/notebooks tests/browser tests/integration -q -p no:cacheprovider --timeout=900 --durations=30 -W ignore::DeprecationWarning; rc=$$?; \
+	timeout --signal=INT --kill-after=120 $(TEST_BUDGET)m \
+	$(PY) -m pytest tests/unit tests/notebooks tests/browser tests/integration -q -p no:cacheprovider --timeout=600 --durations=30 -W ignore::DeprecationWarning; rc=$$?; \
 	echo "make test: wall $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
 lint: $(STAMP)

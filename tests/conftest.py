@@ -1,4 +1,16 @@
-"""Fixtures shared by the notebook and browser tests."""
+"""What every tier shares: one private emulator state root per test session and, started once and
+only when a test asks for it, one emulated TPU cluster that the integration tests, the notebooks and
+the browser tests all use.
+
+Why one cluster: starting an emulated cluster costs a minute or more on this 2-core machine, and
+most tests need only a few slices of it. The notebooks keep their own ``%raytpu up --tpu X --slices
+N`` cells: :meth:`raytpu_lab.lab.Lab.up` joins a running cluster of the same name that already holds
+those slices (as after a kernel restart), and their ``%raytpu down`` then only disconnects. So what
+a notebook teaches is unchanged; what it shows may list the shared cluster's other slices too.
+
+Tests that are about starting or stopping clusters (the emulator's own tests, a kernel that exits)
+still start their own, under the same private root, which is emptied at the end of the session.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +20,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,24 +29,166 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Every slice any shared-cluster test or notebook asks for: two v6e 4x4 slices (the quickstart's
+# and the multi-slice runs), three v4 2x2x2 slices of two hosts (reservations and contention), a
+# v5p 2x2x2 (PyTorch/XLA, one worker per chip) and one small slice of every other generation Ray
+# accepts, so label derivation is checked for each: 18 TPU hosts and a head.
+SHARED_SPECS = [("v6e:4x4", 2), ("v4:2x2x2", 3), ("v5litepod:2x2", 1), ("v5p:2x2x2", 1),
+                ("v7x:2x2x1", 1)]
+SHARED_UP_TIMEOUT_S = 600.0  # generous: a busy machine's slow node starts are retried within it
+_ROOT_KEY = pytest.StashKey[tuple]()  # (this session's root, $RAYTPU_EMULATOR_ROOT before it)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A fresh emulator state root for this session, inherited by every kernel, notebook and
+    JupyterLab server the tests start: no test meets a user's clusters or another session's."""
+    # Short on purpose: Ray's Unix socket paths under it must stay below 107 bytes.
+    root = tempfile.mkdtemp(prefix="rtt-", dir="/tmp")
+    config.stash[_ROOT_KEY] = (root, os.environ.get("RAYTPU_EMULATOR_ROOT"))
+    os.environ["RAYTPU_EMULATOR_ROOT"] = root
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    root, previous = config.stash.get(_ROOT_KEY, (None, None))
+    if root is None:
+        return
+    from raytpu_lab.cluster import emulator
+
+    for cluster in emulator.running():  # whatever a failed test left, the shared cluster too
+        cluster.down()
+    shutil.rmtree(root, ignore_errors=True)
+    if previous is None:
+        os.environ.pop("RAYTPU_EMULATOR_ROOT", None)
+    else:
+        os.environ["RAYTPU_EMULATOR_ROOT"] = previous
+
+
+class _SharedStart:
+    """The shared cluster's start, begun in a background thread as soon as the collected tests
+    show that one of them needs it, so it comes up while the unit tests run."""
+
+    thread: threading.Thread | None = None
+    outcome: dict = {}
+
+    @classmethod
+    def begin(cls) -> None:
+        from raytpu_lab.cluster import emulator
+
+        def start() -> None:
+            try:
+                cls.outcome["cluster"] = emulator.up(SHARED_SPECS, name=emulator.DEFAULT_NAME,
+                                                     timeout_s=SHARED_UP_TIMEOUT_S)
+            except BaseException as exc:  # handed to every test that asks for the cluster
+                cls.outcome["error"] = exc
+
+        cls.thread = threading.Thread(target=start, name="shared-cluster-up", daemon=True)
+        cls.thread.start()
+
+    @classmethod
+    def result(cls):
+        if cls.thread is None:
+            cls.begin()
+        assert cls.thread is not None
+        cls.thread.join()
+        if "error" in cls.outcome:
+            raise cls.outcome["error"]
+        return cls.outcome["cluster"]
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: only the tests that will run count
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    if any("shared_cluster" in getattr(item, "fixturenames", ()) for item in items):
+        _SharedStart.begin()
+
 
 @pytest.fixture(scope="session")
-def quickstart_build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """Run the quickstart notebook headless once, as `make demo` does (its own emulated cluster).
+def shared_cluster():
+    """The session's emulated cluster (:data:`SHARED_SPECS`), named ``"raytpu"`` as a notebook's
+    ``%raytpu up`` names its own, so that ``up`` joins it. Started once (in the background from
+    the start of the session), stopped at the end.
 
-    Returns ``{"out": folder with quickstart.ipynb/.html, "result": the RESULT dict, "log": text}``.
+    Tests leave it as they found it: reservations released, no placement group or actor of theirs
+    alive, every host running.
     """
-    out = tmp_path_factory.mktemp("quickstart")
-    # A private emulator state root: the notebook's `%raytpu up` never meets a user's own cluster.
-    # Short: Ray's Unix socket paths under it are limited to 107 bytes.
-    emulators = Path(tempfile.mkdtemp(prefix="rtq-", dir="/tmp"))
-    env = {**os.environ, "RAYTPU_EMULATOR_ROOT": str(emulators)}
-    proc = subprocess.run([sys.executable, "-m", "raytpu_lab.demo", "--out", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    cluster = _SharedStart.result()
+    try:
+        yield cluster
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.down()
+
+
+def leftovers_on(cluster) -> dict[str, list[str]]:
+    """What is still held on ``cluster`` by anyone: live placement groups (by name) and live actors
+    (class names, less Ray's process-wide singletons whose names start with ``_``).
+
+    Read through Ray's state API at the cluster's dashboard, so it works whether or not this
+    process is connected to the cluster.
+    """
+    from ray.util.state import list_actors, list_placement_groups
+
+    from raytpu_lab import _ray_private
+
+    _ray_private.enable_token_auth()  # emulated clusters run with Ray token auth, as Lab does
+    address = cluster.dashboard_url
+    pgs = [pg.name or pg.placement_group_id
+           for pg in list_placement_groups(address=address, filters=[("state", "!=", "REMOVED")])]
+    actors = [a.class_name for a in list_actors(address=address, filters=[("state", "=", "ALIVE")])
+              if not a.class_name.startswith("_")]
+    return {"placement_groups": pgs, "actors": actors}
+
+
+CLEAN = {"placement_groups": [], "actors": []}
+
+
+def settled_leftovers(cluster, timeout_s: float = 15.0) -> dict[str, list[str]]:
+    """:func:`leftovers_on` once it is clean, or after ``timeout_s`` seconds: Ray removes a finished
+    run's placement groups and actors asynchronously, and a stopped kernel's a moment later."""
+    deadline = time.monotonic() + timeout_s
+    while (left := leftovers_on(cluster)) != CLEAN and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def run_notebook(path: Path, out: Path, cluster, *, timeout_s: float = 900.0,
+                 env: dict[str, str] | None = None) -> dict:
+    """Execute ``path`` headless as ``make demo`` does (``python -m raytpu_lab.demo --notebook``),
+    its ``%raytpu up`` joining ``cluster``.
+
+    Returns:
+        ``{"result": the RESULT dict, "out": folder with the executed .ipynb and .html,
+        "log": the runner's output}``.
+
+    Fails the test when the notebook fails, when it started a cluster of its own instead of
+    joining ``cluster``, or when it left reservations, placement groups or actors on it.
+    """
+    from raytpu_lab.cluster import emulator
+
+    proc = subprocess.run([sys.executable, "-m", "raytpu_lab.demo", "--notebook", str(path),
+                           "--out", str(out)], cwd=REPO, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout_s)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("RESULT "), log[-4000:]
-    yield {"out": out, "emulators": emulators, "log": log,
-           "result": json.loads(last[len("RESULT "):])}
-    shutil.rmtree(emulators, ignore_errors=True)
+    now = emulator.find(cluster.name)
+    assert now is not None and now.head_pid == cluster.head_pid, (
+        f"{path.name} stopped or replaced the shared cluster:\n{log[-2000:]}")
+    assert [c.name for c in emulator.running()] == [cluster.name], (
+        f"{path.name} started a cluster of its own: {[c.name for c in emulator.running()]}")
+    assert (left := settled_leftovers(cluster)) == CLEAN, f"{path.name} left on the cluster: {left}"
+    return {"result": json.loads(last[len("RESULT "):]), "out": out, "log": log}
+
+
+@pytest.fixture(scope="session")
+def quickstart_build(tmp_path_factory: pytest.TempPathFactory, shared_cluster) -> Iterator[dict]:
+    """Run the quickstart notebook headless once, as `make demo` does, on the shared cluster.
+
+    Returns ``{"out": folder with quickstart.ipynb/.html, "result": the RESULT dict, "log": text}``.
+    """
+    out = tmp_path_factory.mktemp("quickstart")
+    yield run_notebook(REPO / "notebooks" / "01_quickstart.ipynb", out, shared_cluster)

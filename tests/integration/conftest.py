@@ -1,9 +1,5 @@
-"""One emulated TPU cluster for all integration tests: real Ray, real JAX, no mocks.
-
-Two v6e 4x4 slices (the main job's shape and the multi-slice runs), three v4 2x2x2 slices (two hosts
-each: reservation contention), a v5p 2x2x2 (two hosts of four chips: PyTorch/XLA, one worker per
-chip) and one small slice of every other generation Ray accepts, so label derivation is checked for
-each: 18 TPU hosts and a head.
+"""The integration tests' view of the session's shared emulated TPU cluster (tests/conftest.py):
+real Ray, real JAX, no mocks. Its slices: :data:`tests.conftest.SHARED_SPECS`.
 """
 
 from __future__ import annotations
@@ -17,23 +13,23 @@ import ray
 from raytpu_lab.cluster import emulator
 from raytpu_lab.lab import Lab
 
-CLUSTER_NAME = "raytpu-test"
-SPECS = [("v6e:4x4", 2), ("v4:2x2x2", 3), ("v5litepod:2x2", 1), ("v5p:2x2x2", 1), ("v7x:2x2x1", 1)]
+from ..conftest import SHARED_SPECS as SPECS
+
+__all__ = ["SPECS", "connected_to", "live_actors", "live_placement_groups", "wait_until"]
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[emulator.EmulatedCluster]:
-    stale = emulator.find(CLUSTER_NAME)
-    if stale is not None:
-        stale.down()
-    # 18 hosts: generous, so a busy machine (Ray's fixed 30 s registration window) still makes it.
-    c = emulator.up(SPECS, name=CLUSTER_NAME, timeout_s=420)
-    try:
-        yield c
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        c.down()
+def cluster(shared_cluster: emulator.EmulatedCluster) -> emulator.EmulatedCluster:
+    return shared_cluster
+
+
+def connected_to(cluster: emulator.EmulatedCluster) -> bool:
+    """Whether this process's Ray driver is connected to ``cluster``. By GCS port: Ray reports
+    the head's address as the machine's own IP (it resolves ``127.0.0.1``), and every emulated
+    cluster on this machine has a port of its own."""
+    if not ray.is_initialized():
+        return False
+    return ray.get_runtime_context().gcs_address.rsplit(":", 1)[1] == cluster.address.rsplit(":", 1)[1]
 
 
 @pytest.fixture()
@@ -42,6 +38,8 @@ def lab(cluster: emulator.EmulatedCluster, monkeypatch: pytest.MonkeyPatch) -> I
     import raytpu_lab.lab as lab_module
 
     session = Lab()
+    if ray.is_initialized() and not connected_to(cluster):
+        ray.shutdown()  # another module's own cluster: one driver talks to one cluster at a time
     if not ray.is_initialized():
         session.connect(cluster.address)
         expected = len(cluster.hosts) + 1

@@ -26,7 +26,9 @@ NOTEBOOK = REPO / "notebooks" / "07_kuberay_gke.ipynb"
 
 
 @pytest.fixture(scope="module")
-def kuberay_run(tmp_path_factory: pytest.TempPathFactory):
+def kuberay_run(tmp_path_factory: pytest.TempPathFactory, shared_cluster):
+    # `shared_cluster` only to wait for it: two clusters starting at once on this 2-core machine
+    # make both miss Ray's fixed start-up waits. The manifest's own cluster starts after it.
     out = tmp_path_factory.mktemp("kuberay_nb")
     root = Path(tempfile.mkdtemp(prefix="rtk-", dir="/tmp"))  # short: Ray socket paths
     env = {**os.environ, "RAYTPU_EMULATOR_ROOT": str(root),
