@@ -91,8 +91,9 @@ def _become_agent(request: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: take the shim's streams, environment and directory; run the script."""
     code = 1
     try:
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
         for fd in fds:

@@ -283,7 +283,9 @@ def test_live_charts_on_a_busy_machine(lab_server: LabServer, shared_cluster) ->
         time.sleep(2)
         nb.run(DOWN, timeout_s=120)
         assert (left := settled_leftovers(shared_cluster)) == CLEAN, left
-        print(f"RESULT {json.dumps({'repro': repro, 'epoch': epoch, 'torch': torch})}")
+        measured = {'repro': repro, 'epoch': epoch, 'torch': torch}
+        print(f"RESULT {json.dumps(measured)}")
+        (BUILD / "live_chart_result.json").write_text(json.dumps(measured, indent=1))
         # A run's own traffic stays under ~500 KB; a page reloaded mid-run asks the kernel for
         # every live view once more (map, chart so far, tables), so that run may send one more
         # page's worth.

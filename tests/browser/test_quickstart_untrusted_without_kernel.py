@@ -32,7 +32,7 @@ def test_executed_quickstart_shows_untrusted_with_no_kernel(lab_server: LabServe
     with jupyterlab_page(lab_server, [], "unused-q.ipynb", BUILD / "quickstart_untrusted_failure.png",
                          height=1300) as (page, page_errors):
         page.goto(lab_server.lab_url(name))
-        no_kernel = page.get_by_role("button", name="No Kernel")
+        no_kernel = page.locator(".jp-Dialog .jp-Dialog-button", has_text="No Kernel")
         _poll("JupyterLab asks for a kernel", no_kernel.count, 60, 0.3)
         no_kernel.first.click()
         view = Notebook(page, lab_server)
