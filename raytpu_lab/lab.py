@@ -424,6 +424,13 @@ class Lab:
                 why="Its bundles sit on no live host, so its slices are unknown.",
                 fix=f"Release it from the kernel that made it, or wait; state: {info.state}.")
         slice_state = self.snapshot().slice(info.slice_names[0])
+        if not isinstance(slice_state.shape, SliceShape):
+            raise ReservationError(
+                f"Reservation {name!r} is on slice {slice_state.name}, whose TPU shape is unknown "
+                f"({slice_state.shape.spec}).",
+                why="Its labels name no shape in the topology tables, so its hosts and chips "
+                    "cannot be checked against a shape.",
+                fix="Release it from the kernel that made it.")
         return adopt(info, slice_state.shape)
 
     # -- SPMD on a reservation --------------------------------------------------------------

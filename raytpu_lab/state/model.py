@@ -15,8 +15,19 @@ How chips are counted on one host (a Ray node with TPU labels), in chips (Ray's 
   missing ``TPU`` key is 0 free, never "all free".
 
 A node that is not alive is a ``"dead"`` host; a worker id the slice should have but no node claims
-is a ``"missing"`` host (``node_id`` ``None``). Nodes without usable TPU labels go to
-:attr:`ClusterSnapshot.other_nodes` with the reason.
+is a ``"missing"`` host (``node_id`` ``None``). Nodes without a slice name or a usable worker id
+go to :attr:`ClusterSnapshot.other_nodes` with the reason.
+
+A node Ray labels as a TPU host (slice name and worker id) is always a host of its slice, even
+when its pod type / topology name no shape in :mod:`raytpu_lab.tpu.topology`'s tables (a v2-8 TPU
+VM is topology ``2x2``, which Ray's table lacks): the slice gets an
+:class:`~raytpu_lab.tpu.unknown.UnknownShape` (hosts and chips from Ray's resources, a schematic
+grid) and the reason ``"unknown TPU shape v2-8 (2x2): drawn from Ray's labels and resources"``.
+Such a slice is never ``"intact"``, so it is never idle and no reservation takes it: requests are
+validated :class:`~raytpu_lab.tpu.topology.SliceShape` s, and handing out a slice whose hosts and
+chips we cannot check against its shape could hang Ray's gang scheduling or give the wrong chips.
+:meth:`ClusterSnapshot.slices_of` still lists it under its pod type label (that is what Ray
+schedules on), so a refusal names it and a run's fences cover it.
 
 On Kubernetes, ``planned`` slices (what the RayCluster asks for, with its pods' state; see
 :class:`PlannedSlice`) add what Ray cannot know: a host whose pod has not joined Ray yet is
@@ -38,6 +49,7 @@ from typing import Any
 
 from raytpu_lab.errors import InvalidTopologyError
 from raytpu_lab.tpu.topology import SliceShape, normalize_version, split_pod_type
+from raytpu_lab.tpu.unknown import MAX_UNKNOWN_HOSTS, UnknownShape, unknown_shape
 
 __all__ = [
     "LABEL_SLICE",
@@ -134,9 +146,11 @@ class SliceState:
         pod_type: e.g. ``"v6e-16"``.
         version: Ray's accelerator version, e.g. ``"v6e"``.
         topology: e.g. ``"4x4"``.
-        shape: The validated :class:`~raytpu_lab.tpu.topology.SliceShape`.
+        shape: The validated :class:`~raytpu_lab.tpu.topology.SliceShape`, or an
+            :class:`~raytpu_lab.tpu.unknown.UnknownShape` when the labels name no shape in the
+            tables (see :attr:`shape_known`).
         hosts: One :class:`HostState` per worker id ``0 .. shape.num_hosts - 1``.
-        health: ``"intact"`` or ``"degraded"``.
+        health: ``"intact"`` or ``"degraded"`` (always degraded for an unknown shape).
         reasons: Why it is degraded, e.g. ``["worker 2 missing"]``; empty when intact.
         owners: Owners holding chips on the slice, in worker-id order of first appearance.
         head_locked: Worker 0's ``TPU-<pod type>-head`` resource is held (a slice reservation
@@ -150,7 +164,7 @@ class SliceState:
     pod_type: str
     version: str
     topology: str
-    shape: SliceShape
+    shape: SliceShape | UnknownShape
     hosts: list[HostState]
     health: str
     reasons: list[str]
@@ -158,6 +172,11 @@ class SliceState:
     head_locked: bool = False
     phase: str = ""
     group: str = ""
+
+    @property
+    def shape_known(self) -> bool:
+        """The labels name a shape in the topology tables (``shape`` is a ``SliceShape``)."""
+        return isinstance(self.shape, SliceShape)
 
     @property
     def hosts_alive(self) -> int:
@@ -226,6 +245,7 @@ class SliceState:
         return {
             "name": self.name, "pod_type": self.pod_type, "version": self.version,
             "topology": self.topology, "shape": asdict(self.shape),
+            "shape_known": self.shape_known,
             "hosts": [h.to_dict() for h in self.hosts], "health": self.health,
             "reasons": list(self.reasons), "owners": list(self.owners),
             "head_locked": self.head_locked, "state": self.state, "phase": self.phase,
@@ -412,12 +432,27 @@ def _chips(amount: Any) -> int:
 
 @dataclass
 class _Tpu:
-    """A node's parsed TPU labels."""
+    """A node's parsed TPU labels; ``shape`` is ``None`` when they name no known shape."""
 
     node: Mapping[str, Any]
     slice_name: str
     worker_id: int
-    shape: SliceShape
+    shape: SliceShape | None
+    labels: tuple[str, str, str] = ("", "", "")  # pod type, accelerator type, topology
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """What the node says the slice is: ``(version, topology)``, or its raw labels."""
+        shape = self.shape
+        return (shape.version, shape.topology) if shape is not None else ("?", *self.labels)
+
+    @property
+    def spec(self) -> str:
+        shape = self.shape
+        if shape is not None:
+            return shape.spec
+        pod, accel, topology = self.labels
+        return f"{pod or accel or '?'}:{topology or '?'}"
 
 
 def _read_labels(node: Mapping[str, Any]) -> _Tpu | str:
@@ -433,11 +468,9 @@ def _read_labels(node: Mapping[str, Any]) -> _Tpu | str:
         return "TPU labels but no slice name"
     if not worker.isdecimal():
         return f"slice {name!r} but no usable worker id ({worker or 'none'})"
-    if not topology:
-        return f"slice {name!r} but no topology label"
-    shape = _labelled_shape(pod, accel, topology)
-    if isinstance(shape, InvalidTopologyError):
-        return f"slice {name!r}: unknown TPU shape ({shape.what})"
+    shape = _labelled_shape(pod, accel, topology) if topology else None
+    if not isinstance(shape, SliceShape):  # unknown shape: still a host of its slice
+        return _Tpu(node, name, int(worker), None, (pod or "", accel or "", topology or ""))
     return _Tpu(node, name, int(worker), shape)
 
 
@@ -496,29 +529,57 @@ def _host(tpu: _Tpu, cph: int, held: Counter[str], jobs: frozenset[str] = frozen
                      busy, cph)
 
 
-def _build_slice(name: str, members: list[_Tpu], expected: int | None,
-                 held: Mapping[str, Counter[str]], locked: set[str],
-                 other: list[OtherNode], jobs: frozenset[str] = frozenset()) -> SliceState:
-    """One slice from the nodes claiming it; extra nodes go to ``other``."""
-    reasons: list[str] = []
-    votes = Counter((m.shape.version, m.shape.topology) for m in members)
-    (version, topology), _ = votes.most_common(1)[0]
+def _known_shape(members: list[_Tpu], version: str, topology: str, expected: int | None,
+                 reasons: list[str]) -> SliceShape:
+    """The slice's table shape (most members' labels); label disagreements go to ``reasons``."""
     shape = _shape(version, topology)
     if expected and expected != shape.num_hosts:
         with contextlib.suppress(InvalidTopologyError):  # keep Ray's rule if it cannot tile
             shape = _shape(version, topology, shape.num_chips // expected)
         if shape.num_hosts != expected:
             reasons.append(f"expected {expected} hosts, {topology} has {shape.num_hosts}")
-    num_hosts, want_pod = shape.num_hosts, _pod_key(shape.pod_type)  # hoisted: per host is slow
+    want_pod = _pod_key(shape.pod_type)  # hoisted: per host is slow
     for m in members:
         m_labels = m.node.get("labels") or {}
-        if m.shape is not shape and (m.shape.version, m.shape.topology) != (version, topology):
-            reasons.append(f"labels inconsistent: worker {m.worker_id} says {m.shape.spec}, "
+        if m.shape is not shape and m.key != (version, topology):
+            reasons.append(f"labels inconsistent: worker {m.worker_id} says {m.spec}, "
                            f"slice is {shape.spec}")
         pod = m_labels.get(LABEL_POD_TYPE)
         if pod and _pod_key(pod) != want_pod:
             reasons.append(f"labels inconsistent: worker {m.worker_id} pod type {pod}, "
                            f"topology {topology} is {shape.pod_type}")
+    return shape
+
+
+def _unknown_slice_shape(members: list[_Tpu], key: tuple[str, ...], expected: int | None,
+                         reasons: list[str]) -> UnknownShape:
+    """An :class:`UnknownShape` from the members' labels and ``TPU`` resources."""
+    pod, accel, topology = key[1:]
+    cph = max(_chips((m.node.get("resources_total") or {}).get("TPU", 0)) for m in members)
+    seen = max(m.worker_id for m in members) + 1
+    shape, notes = unknown_shape(pod, accel, topology, chips_per_host=cph, hosts_seen=seen,
+                                 num_hosts=min(expected, MAX_UNKNOWN_HOSTS) if expected else None)
+    reasons.append(f"unknown TPU shape {shape.spec}: drawn from Ray's labels and resources")
+    reasons.extend(notes)
+    for m in members:
+        if m.key != key:
+            reasons.append(f"labels inconsistent: worker {m.worker_id} says {m.spec}, "
+                           f"slice is {shape.spec}")
+    return shape
+
+
+def _build_slice(name: str, members: list[_Tpu], expected: int | None,
+                 held: Mapping[str, Counter[str]], locked: set[str],
+                 other: list[OtherNode], jobs: frozenset[str] = frozenset()) -> SliceState:
+    """One slice from the nodes claiming it; extra nodes go to ``other``."""
+    reasons: list[str] = []
+    key, _ = Counter(m.key for m in members).most_common(1)[0]
+    shape: SliceShape | UnknownShape
+    if key[0] == "?":
+        shape = _unknown_slice_shape(members, key, expected, reasons)
+    else:
+        shape = _known_shape(members, key[0], key[1], expected, reasons)
+    num_hosts = shape.num_hosts
     by_worker: dict[int, list[_Tpu]] = defaultdict(list)
     for m in members:
         if m.worker_id < num_hosts:
@@ -557,7 +618,7 @@ def _build_slice(name: str, members: list[_Tpu], expected: int | None,
                            f"{shape.chips_per_host})")
     head = hosts[0]
     head_locked = head.node_id in locked
-    if head.alive:
+    if head.alive and shape.head_resource:  # an unknown shape without a pod type has none
         node = kept[0]
         total = node.get("resources_total") or {}
         if not total.get(shape.head_resource):
@@ -566,8 +627,8 @@ def _build_slice(name: str, members: list[_Tpu], expected: int | None,
             head_locked = True
     owners = list(dict.fromkeys(
         o for h in hosts if h.alive for o in held.get(h.node_id or "", _NO_BUNDLES)))
-    return SliceState(name=name, pod_type=shape.pod_type, version=shape.version,
-                      topology=shape.topology, shape=shape, hosts=hosts,
+    return SliceState(name=name, pod_type=shape.pod_type or "unknown", version=shape.version,
+                      topology=shape.topology or "unknown", shape=shape, hosts=hosts,
                       health="degraded" if reasons else "intact",
                       reasons=list(dict.fromkeys(reasons)), owners=owners,
                       head_locked=head_locked)

@@ -65,12 +65,15 @@ from raytpu_lab.tpu.topology import (
     split_pod_type,
     valid_topologies,
 )
+from raytpu_lab.tpu.unknown import UnknownShape, unknown_shape
 
 __all__ = [
     "Coord",
     "Generation",
     "GENERATIONS",
     "SliceShape",
+    "UnknownShape",
+    "unknown_shape",
     "normalize_version",
     "valid_topologies",
     "slice_shape",

@@ -5,7 +5,9 @@ Pure (stdlib only): what exported notebooks, nbviewer, GitHub and a broken widge
 - :func:`render_svg` draws each slice as its physical host grid (hosts at
   :meth:`SliceShape.host_coords`, chips at :meth:`SliceShape.chip_coords`; the z-planes of a 3-D
   topology side by side), chips coloured by state, with a legend. Slices of more than
-  :data:`MAX_HOSTS_WITH_CHIPS` hosts are drawn as hosts only. Slices wrap into rows.
+  :data:`MAX_HOSTS_WITH_CHIPS` hosts are drawn as hosts only. Slices wrap into rows. A slice whose
+  labels name no shape in the tables (:class:`~raytpu_lab.tpu.unknown.UnknownShape`) is drawn on
+  that shape's schematic grid, its reason ("unknown TPU shape ...") under its title.
 - :func:`render_status_html`: a status table followed by the SVG as an ``<img>`` (a data URI:
   JupyterLab's sanitizer drops inline ``<svg>`` from untrusted notebooks but keeps that), or
   inline (``inline_svg=True``, e.g. for an exported page, where hover titles then work).

@@ -246,7 +246,7 @@ function render({ model, el }) {
         centres.set(`${hx * bx + cx},${hy * by + cy},${hz}`, [px + CHIP / 2, py + CHIP / 2]);
       }
     }
-    if (withChips && ici.checked) drawLinks(g, centres, e);
+    if (withChips && ici.checked && g.known !== false) drawLinks(g, centres, e);  // no links on a schematic grid
     return [width, height, e];
   }
 

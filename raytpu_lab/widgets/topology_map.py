@@ -5,9 +5,11 @@ Sync protocol (Python -> front end), chosen so a refresh of a 4,096-host pod sen
 - Trait ``geometry`` (synced dict; changes only when the set of slices or their shapes changes):
   ``{"rev": L, "states": HOST_STATES, "colors": STATE_COLORS, "summary_hosts": 256,
   "chips_hosts": 64, "slices": [{"name", "pod_type", "topology", "ndims", "dims", "grid",
-  "block", "wrap", "hosts"}]}``. ``grid`` is hosts per axis, ``block`` chips per host per axis;
-  the view derives every host and chip position from them (worker ids run row-major, x
-  fastest, as :meth:`~raytpu_lab.tpu.topology.SliceShape.host_coords`).
+  "block", "wrap", "hosts", "known"}]}``. ``grid`` is hosts per axis, ``block`` chips per host per
+  axis; the view derives every host and chip position from them (worker ids run row-major, x
+  fastest, as :meth:`~raytpu_lab.tpu.topology.SliceShape.host_coords`). ``known`` is false for a
+  slice whose labels name no shape in the tables: its grid is schematic
+  (:class:`~raytpu_lab.tpu.unknown.UnknownShape`) and the view draws no ICI links on it.
 - Custom message ``{"type": "full", "geometry_rev": L, "rev": R, "slices": [[title, state,
   reasons], ...], "hosts": [[[code, free, reserved, busy, owner], ...] per slice],
   "nodes": [[[node_id, ip], ...] per slice], "other": n, "pending": [...]}``: every host, sent
@@ -77,7 +79,7 @@ def _slice_geometry(s: SliceState) -> dict[str, Any]:
     return {"name": s.name, "pod_type": s.pod_type, "topology": s.topology,
             "ndims": len(shape.dims), "dims": list(shape.dims), "grid": list(shape.host_grid),
             "block": list(shape.chips_per_host_bounds), "wrap": list(shape.wraparound),
-            "hosts": len(s.hosts)}
+            "hosts": len(s.hosts), "known": s.shape_known}
 
 
 def _rows(snapshot: ClusterSnapshot

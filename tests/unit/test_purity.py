@@ -16,6 +16,7 @@ FORBIDDEN = ("ray", "IPython", "ipykernel", "requests", "urllib3", "httpx", "aio
 PURE_MODULES = [
     "raytpu_lab.tpu",
     "raytpu_lab.tpu.topology",
+    "raytpu_lab.tpu.unknown",
     "raytpu_lab.state",
     "raytpu_lab.state.model",
     "raytpu_lab.state.reservations",

@@ -259,17 +259,114 @@ def test_two_live_nodes_claim_one_worker() -> None:
         (_node(S0, None), "slice 'tpu-v6e-4x4-0' but no usable worker id (none)"),
         (_node(S0, "x"), "slice 'tpu-v6e-4x4-0' but no usable worker id (x)"),
         (_node(None, 0), "TPU labels but no slice name"),
-        (_node(S0, 0, labels={"ray.io/tpu-topology": ""}),
-         "slice 'tpu-v6e-4x4-0' but no topology label"),
-        (_node(S0, 0, pod="v9z-16"), "slice 'tpu-v6e-4x4-0': unknown TPU shape"),
-        (_node(S0, 0, topology="banana"), "slice 'tpu-v6e-4x4-0': unknown TPU shape"),
-        (_node(S0, 0, topology="3x3"), "slice 'tpu-v6e-4x4-0': unknown TPU shape"),
     ],
 )
 def test_odd_nodes_go_to_other_nodes(node: dict[str, Any], reason: str) -> None:
     snap = build_snapshot(_raw([node]))
     assert snap.slices == []
     assert [n.reason for n in snap.other_nodes if not n.is_head][0].startswith(reason)
+
+
+# --- shapes outside the topology tables -------------------------------------------------------
+
+V2 = {"ray.io/accelerator-type": "TPU-V2"}
+NO_SHAPE_LABELS = {"ray.io/tpu-pod-type": "", "ray.io/tpu-topology": ""}
+
+
+def _unknown(spec: str, notes: tuple[str, ...] = ()) -> list[str]:
+    return [f"unknown TPU shape {spec}: drawn from Ray's labels and resources", *notes]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "pod_type", "topology", "hosts", "chips", "reasons"),
+    [
+        # A v2-8 / v3-8 TPU VM: one host of 4 chips (8 TensorCores), topology 2x2, which Ray's
+        # VALID_TPU_TOPOLOGY has no entry for.
+        ([_node("v2", 0, pod="v2-8", topology="2x2", labels=V2)], "v2-8", "2x2",
+         ["free"], 4, _unknown("v2-8 (2x2)")),
+        ([_node("v3", 0, pod="v3-8", topology="2x2",
+                labels={"ray.io/accelerator-type": "TPU-V3"})], "v3-8", "2x2",
+         ["free"], 4, _unknown("v3-8 (2x2)")),
+        # Unknown generation, two hosts of 4: hosts from the topology's 8 chips.
+        (_slice("odd", range(2), pod="v9z-16", topology="2x4"), "v9z-16", "2x4",
+         ["free", "free"], 8, _unknown("v9z-16 (2x4)")),
+        (_slice("odd", range(1), pod="v9z-16", topology="2x4"), "v9z-16", "2x4",
+         ["free", "missing"], 4, [*_unknown("v9z-16 (2x4)"), "worker 1 missing"]),
+        # Known generation, unknown topology: hosts from the pod type (Ray's rule).
+        (_slice("odd", range(4), topology="banana"), "v6e-16", "banana",
+         ["free"] * 4, 16, _unknown("v6e-16 (banana)")),
+        (_slice("odd", range(4), topology="3x3"), "v6e-16", "3x3", ["free"] * 4, 16,
+         _unknown("v6e-16 (3x3)",
+                  ("labels inconsistent: pod type v6e-16 is 16 chip(s), topology 3x3 is 9",))),
+        (_slice("odd", range(4), labels={"ray.io/tpu-topology": ""}), "v6e-16", "unknown",
+         ["free"] * 4, 16, _unknown("v6e-16 (no topology label)")),
+        # Nothing to derive the host count from: the hosts seen.
+        (_slice("odd", range(3), labels=NO_SHAPE_LABELS), "unknown", "unknown",
+         ["free"] * 3, 12, _unknown("v6e (no topology label)",
+                                    ("host count unknown: drawn as the 3 host(s) seen",))),
+    ],
+)
+def test_unknown_shape_is_drawn_as_a_slice(nodes: list[dict[str, Any]], pod_type: str,
+                                           topology: str, hosts: list[str], chips: int,
+                                           reasons: list[str]) -> None:
+    snap = build_snapshot(_raw(nodes))
+    [s] = snap.slices
+    assert not s.shape_known and s.name == nodes[0]["labels"]["ray.io/tpu-slice-name"]
+    assert (s.pod_type, s.topology, s.reasons) == (pod_type, topology, reasons)
+    assert [h.state for h in s.hosts] == hosts
+    assert (s.hosts_expected, s.hosts_alive, s.chips_total, s.chips_free) == (
+        len(hosts), len(nodes), chips, chips)
+    assert all(h.chip_states() == ["free"] * 4 for h in s.hosts if h.alive)
+    assert [n.is_head for n in snap.other_nodes] == [True]
+    assert (s.health, s.state, s.idle) == ("degraded", "degraded", False)
+    assert (snap.total_chips, snap.idle_slices()) == (chips, [])
+    data = json.loads(json.dumps(snap.to_dict()))["slices"][0]
+    assert (data["shape_known"], data["reasons"]) == (False, reasons)
+
+
+def test_v2_8_host_is_a_one_host_slice_with_its_chips_and_head() -> None:
+    node = _node("tpu-v2-8", 0, pod="v2-8", topology="2x2", labels=V2, avail=1)
+    pg = _pg("ef" * 18, "raytpu:mine", [(node["node_id"], {"TPU": 3.0})])
+    snap = build_snapshot(_raw([node], [pg]))
+    s = snap.slice("tpu-v2-8")
+    assert (s.version, s.shape.num_hosts, s.shape.chips_per_host, s.shape.head_resource) == (
+        "v2", 1, 4, "TPU-v2-8-head")
+    assert s.hosts[0].chip_states() == ["reserved"] * 3 + ["free"]
+    assert (s.owners, s.chips_reserved, s.chips_free) == (["mine"], 3, 1)
+    assert [x.name for x in snap.slices_of("v2-8")] == ["tpu-v2-8"]
+
+
+def test_unknown_shape_host_counts_worker_ids_and_head_checks() -> None:
+    # Derived host count: a worker beyond it is set aside, as on a known shape.
+    snap = build_snapshot(_raw(_slice("odd", [0, 1, 5], pod="v9z-16", topology="2x4")))
+    s = snap.slice("odd")
+    assert s.hosts_expected == 2 and "labels inconsistent: worker 5 outside 2 hosts" in s.reasons
+    assert "worker 5 outside slice 'odd'" in [n.reason for n in snap.other_nodes]
+    # No pod type: no head resource to check; a stray worker id draws at most MAX_UNKNOWN_HOSTS.
+    from raytpu_lab.tpu.unknown import MAX_UNKNOWN_HOSTS
+
+    nodes = [_node("odd", 0, labels=NO_SHAPE_LABELS), _node("odd", 10**6, labels=NO_SHAPE_LABELS)]
+    s = build_snapshot(_raw(nodes)).slice("odd")
+    assert s.hosts_expected == MAX_UNKNOWN_HOSTS and not any("head" in r for r in s.reasons)
+    # A pod type: worker 0 must carry TPU-<pod type>-head, as on a known shape.
+    s = build_snapshot(_raw([_node("v2", 0, pod="v2-8", topology="2x2", head=False)])).slice("v2")
+    assert "worker 0 has no TPU-v2-8-head resource" in s.reasons
+    # The emulator's expected host count wins over the labels.
+    nodes = _slice("odd", range(2), pod="v9z-16", topology="2x4")
+    assert build_snapshot(_raw(nodes), expected_hosts={"odd": 3}).slice("odd").hosts_expected == 3
+
+
+def test_mixed_known_and_unknown_labels_in_one_slice() -> None:
+    nodes = _slice()
+    nodes[3] = _node(S0, 3, pod="v9z-16")
+    s = build_snapshot(_raw(nodes)).slice(S0)
+    assert s.shape_known and s.hosts[3].state == "free"
+    assert s.reasons[0] == "labels inconsistent: worker 3 says v9z-16:4x4, slice is v6e:4x4"
+    odd = _slice("odd", range(2), pod="v9z-16", topology="2x4")
+    odd.append(_node("odd", 2, pod="v6e-16", topology="4x4"))
+    s = build_snapshot(_raw(odd)).slice("odd")
+    assert not s.shape_known
+    assert "labels inconsistent: worker 2 says v6e:4x4, slice is v9z-16 (2x4)" in s.reasons
 
 
 def test_pod_type_from_accelerator_label_when_pod_label_absent() -> None:

@@ -204,3 +204,48 @@ def test_multislice_group_gets_one_dcn_link_between_its_slices() -> None:
     assert float(line.get("x1")) < float(line.get("x2"))
     assert "dcn-link" in render_status_html(snap, [S0, S1], dcn=[[S0, S1]], inline_svg=True)
     assert "dcn-link" not in render_svg(snap, dcn=[[S0, "not-a-slice"]])
+
+
+# --- slices whose shape is in no table ------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("nodes", "hosts", "chips", "states"),
+    [
+        # A v2-8 TPU VM: one host of 4 chips, topology 2x2 (not in Ray's table).
+        (_hosts("tpu-v2-8", "v2-8", "2x2", 1, accel="TPU-V2"), 1, 4, ["free"]),
+        (_hosts("odd", "v9z-16", "2x4", 2, accel="TPU-V9Z"), 2, 8, ["free", "free"]),
+        (_hosts("odd", "v9z-16", "2x4", 1, accel="TPU-V9Z", avail=0), 2, 8, ["busy", "missing"]),
+        (_hosts("odd", "v9z-512", "16x16", 64, accel="TPU-V9Z"), 64, 256, ["free"] * 64),
+        (_hosts("odd", "v9z-1024", "16x32", 128, accel="TPU-V9Z"), 128, 0, ["free"] * 128),
+    ],
+)
+def test_unknown_shape_slice_is_drawn(nodes: list[dict[str, Any]], hosts: int, chips: int,
+                                      states: list[str]) -> None:
+    snap = build_snapshot({"fetched_at": 0, "nodes": nodes, "placement_groups": []})
+    [s] = snap.slices
+    assert not s.shape_known
+    svg = render_svg(snap)
+    assert svg and s.name in svg
+    root = _parse(svg)
+    drawn = _groups(root, "host", s.name)
+    assert [h.get("data-state") for h in drawn] == states
+    assert sum(len(_chips(h)) for h in drawn) == chips  # missing too; none above 64 hosts
+    texts = [t.text or "" for t in root.iter(f"{NS}text")]
+    assert any(t.startswith(f"unknown TPU shape {s.pod_type} ") for t in texts)
+    assert "No TPU slices in this cluster." not in texts
+    text = render_status_text(snap)
+    assert "(no TPU slices)" not in text
+    assert [line.split()[:3] for line in text.splitlines()][1] == [s.name, s.pod_type, s.topology]
+    assert "unknown TPU shape" in text
+    html = ET.fromstring(render_status_html(snap, inline_svg=True))
+    rows = [["".join(td.itertext()).strip() for td in tr.iter("td")] for tr in html.iter("tr")]
+    assert [r[:3] for r in rows if r] == [[s.name, s.pod_type, s.topology]]
+
+
+def test_v2_8_beside_known_slices_keeps_its_chips_in_the_totals() -> None:
+    nodes = [*_hosts("tpu-v2-8", "v2-8", "2x2", 1, accel="TPU-V2"),
+             *_hosts("s", "v6e-16", "4x4", 4)]
+    snap = build_snapshot({"fetched_at": 0, "nodes": nodes, "placement_groups": []})
+    assert [(s.name, s.shape_known) for s in snap.slices] == [("s", True), ("tpu-v2-8", False)]
+    assert render_status_text(snap).splitlines()[-1] == "chips free 20/20; 0 other node(s)"
+    assert slice_title(snap.slice("tpu-v2-8")) == "tpu-v2-8 · v2-8 · 2x2 · 1/1 hosts · degraded"

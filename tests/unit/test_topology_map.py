@@ -222,7 +222,8 @@ def test_pod_scale_delta_is_small() -> None:
         m.close()
 
 
-def test_mixed_cluster_renders_every_generation_and_sets_odd_nodes_aside() -> None:
+def test_mixed_cluster_renders_every_generation_and_unknown_shapes_and_sets_odd_nodes_aside(
+) -> None:
     import copy
     import json
     import xml.etree.ElementTree as ET
@@ -247,11 +248,12 @@ def test_mixed_cluster_renders_every_generation_and_sets_odd_nodes_aside() -> No
                                              "ray.io/tpu-slice-name": "odd-0"})
     raw["nodes"] += [v4, gpu, unknown]
     snap = build_snapshot(raw)
-    assert {s.pod_type for s in snap.slices} == {"v6e-16", "v4-8"}
-    assert {n.node_id for n in snap.other_nodes} >= {"g" * 56, "u" * 56}
+    assert {s.pod_type for s in snap.slices} == {"v6e-16", "v4-8", "v9-16"}
+    assert not snap.slice("odd-0").shape_known  # Ray labels it a TPU host: drawn, not set aside
+    assert {n.node_id for n in snap.other_nodes if not n.is_head} == {"g" * 56}
     live = TopologyMap(snap)
     names = [s["name"] for s in live.geometry["slices"]]
-    assert names == sorted(["tpu-v4-2x2x1-0", "tpu-v6e-4x4-0", "tpu-v6e-4x4-1"])
+    assert names == sorted(["odd-0", "tpu-v4-2x2x1-0", "tpu-v6e-4x4-0", "tpu-v6e-4x4-1"])
     ET.fromstring(render_svg(snap))
     live.close()
 
@@ -264,3 +266,31 @@ def test_dcn_groups_reach_the_view_and_the_static_map(idle_map: TopologyMap) -> 
     assert f'class="dcn-link" data-from="{S0}" data-to="{S1}"' in html
     idle_map.set_dcn([])
     assert "dcn-link" not in inline_svg_imgs(idle_map._repr_mimebundle_()[0]["text/html"])
+
+
+def test_unknown_shape_slice_gets_a_schematic_geometry_and_its_hosts() -> None:
+    # A v2-8 TPU VM (one host, 2x2: no such entry in Ray's table) next to a known slice.
+    raw = _raw("idle")
+    tpu = next(n for n in raw["nodes"] if n["labels"].get("ray.io/tpu-worker-id") == "0")
+    v2 = {**tpu, "node_id": "2" * 56, "labels": {
+        "ray.io/tpu-slice-name": "tpu-v2-8", "ray.io/tpu-worker-id": "0",
+        "ray.io/tpu-topology": "2x2", "ray.io/tpu-pod-type": "v2-8",
+        "ray.io/accelerator-type": "TPU-V2"},
+        "resources_total": {"TPU": 4.0, "TPU-v2-8-head": 1.0},
+        "resources_available": {"TPU": 4.0, "TPU-v2-8-head": 1.0}}
+    raw["nodes"].append(v2)
+    m = TopologyMap(build_snapshot(raw))
+    try:
+        geo = {g["name"]: g for g in m.geometry["slices"]}
+        assert geo["tpu-v2-8"] == {"name": "tpu-v2-8", "pod_type": "v2-8", "topology": "2x2",
+                                   "ndims": 2, "dims": [2, 2], "grid": [1, 1], "block": [2, 2],
+                                   "wrap": [False, False], "hosts": 1, "known": False}
+        assert geo[S0]["known"] is True
+        full = m._full_message()
+        si = [g["name"] for g in m.geometry["slices"]].index("tpu-v2-8")
+        title, state, reasons = full["slices"][si]
+        assert (state, full["hosts"][si]) == ("degraded", [[0, 4, 0, 0, None]])
+        assert reasons.startswith("unknown TPU shape v2-8 (2x2)") and full["other"] == 1
+        assert "tpu-v2-8" in inline_svg_imgs(m._repr_mimebundle_()[0]["text/html"])
+    finally:
+        m.close()
