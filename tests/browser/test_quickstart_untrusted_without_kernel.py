@@ -47,6 +47,7 @@ def test_executed_quickstart_shows_untrusted_with_no_kernel(lab_server: LabServe
         map_img = view.cell(map_cell).locator("img.raytpu-svg")
         _poll("the status cell shows its map snapshot", map_img.count, 30)
         assert map_img.first.evaluate("e => e.naturalWidth") > 100
+        drawn.first.evaluate("e => e.scrollIntoView({block: 'center'})")  # the chart in the shot
         time.sleep(1)
         page.screenshot(path=str(BUILD / "quickstart_untrusted.png"))
         text = view.panel.inner_text()
