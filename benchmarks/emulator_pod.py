@@ -61,7 +61,15 @@ def main() -> None:
         result["cell_values_in_worker_order"] = values == list(range(64))
         lab.release("pod")
         lab.down()
+    except Exception as err:  # said in the RESULT line, after the cluster is down
+        import traceback
+
+        traceback.print_exc()
+        result["error"] = f"{type(err).__name__}: {str(err)[:600]}"
     finally:
+        import ray
+
+        ray.shutdown()  # before the cluster goes: a connected driver would outwait its GCS
         subprocess.run([*cli, "down", "--name", cluster.name])
     time.sleep(2.0)
     from raytpu_lab.cluster import _nodes

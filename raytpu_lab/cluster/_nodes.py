@@ -79,6 +79,14 @@ _RAY_WAITS = {
     "RAY_raylet_start_wait_time_s": "600",
     "RAY_agent_register_timeout_ms": "300000",
     "RAY_gcs_rpc_server_reconnect_timeout_s": "120",
+    # - worker_register_timeout_seconds: how long a raylet waits for a new Python worker to
+    #   register (default 60 s): 64 hosts' workers all importing Ray at once on 2 cores (a
+    #   per-host cell on a v6e-256) need longer.
+    "RAY_worker_register_timeout_seconds": "300",
+    # - health_check_failure_threshold: missed GCS health checks (every 3 s, 10 s timeout) before
+    #   a node is declared dead (default 5); raylets starved by such a start miss a few. A killed
+    #   host refuses the check at once, so it is still found dead within ~30 s.
+    "RAY_health_check_failure_threshold": "10",
     # No idle worker prestarted on every node when a driver connects (~43 MB a host).
     "RAY_prestart_worker_first_driver": "0",
 }

@@ -20,6 +20,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -50,7 +52,7 @@ from raytpu_lab.tpu.topology import SliceShape, parse_spec
 
 __all__ = [
     "EmulatedCluster", "EmulatedHost", "HostGroup", "up", "find", "running", "state_root",
-    "DEFAULT_NAME", "AUTH_ENV",
+    "DEFAULT_NAME", "AUTH_ENV", "down_in_background",
 ]
 
 DEFAULT_NAME = "raytpu"
@@ -225,6 +227,17 @@ def find(name: str = DEFAULT_NAME) -> EmulatedCluster | None:
         return cluster
     cluster.down(timeout_s=2.0)
     return None
+
+
+def down_in_background(cluster: EmulatedCluster) -> None:
+    """Stop ``cluster`` from a new process of its own session (:meth:`EmulatedCluster.down`), so
+    the stop completes even if the caller is killed a moment later (a kernel at exit)."""
+    code = ("import sys; from raytpu_lab.cluster import emulator\n"
+            "c = emulator.find(sys.argv[1])\n"
+            "c is not None and c.head_pid == int(sys.argv[2]) and c.down()\n")
+    subprocess.Popen([sys.executable, "-c", code, cluster.name, str(cluster.head_pid)],
+                     env={**os.environ, "RAYTPU_EMULATOR_ROOT": str(state_root())}, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def running() -> list[EmulatedCluster]:
@@ -434,21 +447,24 @@ def _check_machine_size(hosts: int) -> None:
                 "(%raytpu connect) for pod-scale topologies.")
 
 
-# Ray puts Unix sockets at <temp dir>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store and
-# refuses paths over 107 bytes (AF_UNIX); the session part takes up to 63 of them.
+# Ray puts Unix sockets under <node temp dir>/session_<date>_<time>_<usec>_<pid>/sockets/ and
+# refuses paths over 107 bytes (AF_UNIX). The longest ones (Ray 2.60): a host's plasma store
+# (temp dir <folder>/h<index>) and the head's dashboard modules, dash_<Module>, of which
+# dash_MetricsHead is the longest (temp dir <folder>/ray). The pid part can have 7 digits.
 _SOCKET_PATH_MAX = 107
-_SESSION_AND_SOCKET = len("/session_2026-11-30_12-39-30_311840_4194304/sockets/plasma_store")
+_SESSION = len("/session_2026-11-30_12-39-30_311840_4194304")
+_UNDER_FOLDER = _SESSION + max(len("/h999/sockets/plasma_store"),
+                               len("/ray/sockets/dash_MetricsHead"))
 
 
 def max_name_length() -> int:
     """The longest cluster name whose folder under :func:`state_root` leaves room for Ray's Unix
     socket paths (at most 107 bytes on Linux)."""
-    return _SOCKET_PATH_MAX - _SESSION_AND_SOCKET - len(str(state_root() / "x" / "h999")) + 1
+    return _SOCKET_PATH_MAX - _UNDER_FOLDER - len(str(state_root() / "x")) + 1
 
 
 def _check_socket_room(folder: Path) -> None:
-    longest = str(folder / "h999")
-    if len(longest) + _SESSION_AND_SOCKET > _SOCKET_PATH_MAX:
+    if len(str(folder)) + _UNDER_FOLDER > _SOCKET_PATH_MAX:
         raise EmulatorError(
             f"The emulator folder {folder} is too long for Ray's Unix sockets.",
             why=f"Ray's socket paths under it would exceed {_SOCKET_PATH_MAX} bytes.",
