@@ -153,6 +153,11 @@ class Lab:
         else:
             parse_spec(tpu)
             running = emulator.find(name or emulator.DEFAULT_NAME)
+            if running is not None and not _answers(running.address):
+                # Left half-stopped (a kernel killed while it stopped its cluster): its head no
+                # longer answers, so nobody can be using it; stop what is left, start anew.
+                running.down(timeout_s=2.0)
+                running = None
             if running is not None and running.holds([(tpu, slices)]):
                 # Re-running a notebook's `up` cell (after a kernel restart, or many notebooks
                 # in one test session) joins the cluster that already has what it asks for.
@@ -230,13 +235,23 @@ class Lab:
 
         Returns:
             The name of the emulated cluster stopped, or ``None`` if none was.
+
+        Raises:
+            EmulatorError: ``name`` names no running emulated cluster (nothing is done then).
         """
+        named = emulator.find(name) if name is not None else None
+        if name is not None and named is None:
+            others = [c.name for c in emulator.running()]
+            raise EmulatorError(
+                f"No emulated cluster named {name!r} is running.",
+                why="Nothing was stopped or disconnected.",
+                fix=(f"Name one that runs: {', '.join(others)}." if others
+                     else "No emulated cluster runs on this machine."))
         self._close_sessions()
         for res in list(self._reservations.values()):
             res.release()
         self._reservations.clear()
         started, self._started = self._started, None
-        named = emulator.find(name) if name is not None else None
         self._drop_kuberay()
         self.refresher.stop()
         if self._map is not None:
@@ -1002,10 +1017,10 @@ class Lab:
         self._forget_reservations()
         started, self._started = self._started, None
         if started is not None:
-            try:
-                disconnect()
-            finally:
-                started.down()
+            # Stopped by a process of its own first: Jupyter kills a kernel that takes more
+            # than a few seconds to exit or restart, which would leave the cluster half-stopped.
+            emulator.down_in_background(started)
+            disconnect()
 
     def _forget_reservations(self) -> None:
         self._close_sessions()
@@ -1013,6 +1028,15 @@ class Lab:
             if not res.detached:
                 res.release()
         self._reservations.clear()
+
+
+def _answers(address: str) -> bool:
+    """Whether the GCS at ``address`` accepts connections (a refusal is known within 3 s)."""
+    try:
+        probe(address, timeout_s=3.0)
+    except ConnectError:
+        return False
+    return True
 
 
 def _no_config() -> None:

@@ -317,6 +317,10 @@ def test_background_returns_while_the_run_still_waits_for_its_slice(ip, lab: Lab
     finally:
         for other in others:
             other.shutdown()
+    # Nobody waits: at its end the run swaps its live view for the static chart and tables
+    # itself (a saved notebook then holds the finished run, not a "starting" widget).
+    assert wait_until(lambda: run.done, 300), "the background run did not end"
+    assert wait_until(lambda: run.dashboard.closed, 10), "the ended run kept its live widgets"
     finished = run.wait(timeout_s=300)
     s = finished.summary()
     assert (s["counts"], s["steps"]) == ("reports", 5)

@@ -181,6 +181,12 @@ def test_jax_without_a_cluster(ip, lab: Lab, monkeypatch: pytest.MonkeyPatch) ->
     assert "FigureWidget" not in out.stdout
 
 
+def test_down_of_a_cluster_that_does_not_run_says_so_and_does_nothing(ip, lab: Lab) -> None:
+    out = _run(ip, "down --name nosuch")
+    _assert_brief(out, "No emulated cluster named 'nosuch' is running", "Nothing was stopped")
+    assert lab.connected, "a refused down must keep the connection"
+
+
 def test_help_and_debug(ip, lab: Lab) -> None:
     out = _run(ip, "reserve --help")
     assert out.error is None and "--version" in out.stdout and "--timeout" in out.stdout

@@ -32,3 +32,32 @@ def test_up_of_a_shape_it_lacks_is_refused_and_starts_nothing(cluster) -> None:
     assert "down --name raytpu" in str(info.value)  # how to stop it, in the caller's terms
     assert [c.name for c in emulator.running()] == [cluster.name]
     assert not session.connected
+
+
+def test_up_over_a_half_stopped_cluster_starts_a_fresh_one(cluster) -> None:
+    """A kernel killed while it stopped its cluster leaves processes whose GCS no longer answers
+    (a user's kernel restart): ``up`` of that name stops what is left and starts anew instead of
+    trying to join it."""
+    import psutil
+
+    if ray.is_initialized():
+        ray.shutdown()
+    name = "rt-stale"
+    stale = emulator.up([("v5litepod:2x2", 1)], name=name, timeout_s=600)
+    gcs = [p for p in psutil.process_iter(["cmdline"])
+           if "gcs_server" in " ".join(p.info["cmdline"] or [])
+           and emulator._nodes.in_cluster(p.pid, str(stale.folder))]
+    assert gcs, "the head has a GCS"
+    for proc in gcs:
+        proc.kill()
+    session = Lab()
+    try:
+        fresh = session.up("v5litepod:2x2", 1, name=name, timeout_s=600)
+        assert fresh.head_pid != stale.head_pid and session.started_cluster is fresh
+        assert session.connected
+    finally:
+        session.down()
+        for c in emulator.running():
+            if c.name == name:
+                c.down()
+    assert name not in [c.name for c in emulator.running()]
