@@ -73,7 +73,9 @@ def test_a_long_manifest_name_is_cut_to_fit_rays_socket_paths(
     monkeypatch.setattr(emulator, "up", lambda **kw: asked.append(kw["name"]))
     sample = Path(__file__).parents[1] / "fixtures/kuberay_samples/ray-cluster.tpu-v4-multihost.yaml"
     kuberay_emulator.up_from_manifest(sample)
-    assert asked == ["raycluster-tpu-v4-multihos"]  # metadata.name, 27 characters
+    # metadata.name, 27 characters; 23 leave room for the head's dashboard module sockets
+    # (<folder>/ray/session_.../sockets/dash_MetricsHead) with a 7-digit pid
+    assert asked == ["raycluster-tpu-v4-multi"]
     emulator._check_socket_room(emulator.state_root() / asked[0])  # fits
     with pytest.raises(Exception, match="too long"):
         emulator._check_socket_room(emulator.state_root() / (asked[0] + "t"))
