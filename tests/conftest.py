@@ -181,7 +181,31 @@ def run_notebook(path: Path, out: Path, cluster, *, timeout_s: float = 900.0,
     assert [c.name for c in emulator.running()] == [cluster.name], (
         f"{path.name} started a cluster of its own: {[c.name for c in emulator.running()]}")
     assert (left := settled_leftovers(cluster)) == CLEAN, f"{path.name} left on the cluster: {left}"
+    check_saved_outputs(out)
     return {"result": json.loads(last[len("RESULT "):]), "out": out, "log": log}
+
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+def check_saved_outputs(out: Path) -> None:
+    """What every executed tutorial saves (the ``.ipynb`` in ``out``): no plotly.js and no script
+    in any output, no cell's outputs over 200 KB (a finished run adds kilobytes), and every chart
+    (plotly's mime type) carries an SVG image too, which nbconvert, GitHub and VS Code show."""
+    saved = sorted(out.glob("*.ipynb"))
+    assert saved, f"no executed notebook in {out}"
+    for path in saved:
+        nb = json.loads(path.read_text())
+        for i, cell in enumerate(nb["cells"]):
+            outputs = cell.get("outputs", [])
+            raw = json.dumps(outputs)
+            assert "plotly.min.js" not in raw and "Plotly.newPlot" not in raw, (path.name, i)
+            assert "<script" not in raw, (path.name, i)
+            assert len(raw) < 200_000, (path.name, i, len(raw))
+            for o in outputs:
+                data = o.get("data", {})
+                if PLOTLY_MIME in data:
+                    assert str(data.get("image/svg+xml", "")).startswith("<svg"), (path.name, i)
 
 
 @pytest.fixture(scope="session")

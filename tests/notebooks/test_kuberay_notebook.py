@@ -20,7 +20,7 @@ import pytest
 
 from raytpu_lab.cluster import emulator
 
-from ..conftest import REPO
+from ..conftest import REPO, check_saved_outputs
 
 NOTEBOOK = REPO / "notebooks" / "07_kuberay_gke.ipynb"
 
@@ -58,6 +58,7 @@ def test_local_path_trains_on_an_emulated_slice_from_the_manifest(kuberay_run: d
     assert proc.returncode == 0, log[-4000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("RESULT "), log[-4000:]
+    check_saved_outputs(kuberay_run["out"])  # small, script-free, an image per chart
     result = json.loads(last[len("RESULT "):])
     assert result["slice"] in ("tpu-v6e-2x2-0", "tpu-v6e-2x2-1")  # <group>-<replica> from the manifest
     assert result["hosts"] == 1 and result["devices"] == 4

@@ -8,7 +8,7 @@ from nbclient import NotebookClient
 
 from raytpu_lab.demo import _VenvKernelManager
 
-from ..conftest import CLEAN, REPO, settled_leftovers
+from ..conftest import CLEAN, REPO, check_saved_outputs, settled_leftovers
 
 
 def _text(cell: nbformat.NotebookNode) -> str:
@@ -18,7 +18,8 @@ def _text(cell: nbformat.NotebookNode) -> str:
     return "\n".join(parts)
 
 
-def test_reservations_notebook_reserves_runs_on_every_host_and_releases(shared_cluster) -> None:
+def test_reservations_notebook_reserves_runs_on_every_host_and_releases(shared_cluster,
+                                                                     tmp_path) -> None:
     nb = nbformat.read(REPO / "notebooks" / "02_reservations.ipynb", as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", kernel_manager_class=_VenvKernelManager,
                    resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
@@ -36,3 +37,5 @@ def test_reservations_notebook_reserves_runs_on_every_host_and_releases(shared_c
     assert "Released 'r1'" in _text(by_source["%raytpu release r1"])
     assert "keeps running" in _text(by_source["%raytpu down"])  # joined, not started, by it
     assert settled_leftovers(shared_cluster) == CLEAN
+    nbformat.write(nb, tmp_path / "02_reservations.ipynb")
+    check_saved_outputs(tmp_path)  # small, script-free
