@@ -11,7 +11,6 @@ import atexit
 import itertools
 import math
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,26 +24,23 @@ from raytpu_lab.cluster.connect import connect, disconnect, probe, wait_for_node
 from raytpu_lab.errors import (
     ConnectError,
     EmulatorError,
-    NoSliceAvailableError,
     NotConnectedError,
     RaytpuError,
     ReservationError,
-    TrainingConfigError,
 )
 from raytpu_lab.refresher import Refresher
-from raytpu_lab.reserve import Reservation, adopt, diagnose, reserve
+from raytpu_lab.reserve import Reservation, adopt, reserve
 from raytpu_lab.spmd import CellResult, SliceSession, check_cell
 from raytpu_lab.state.fetch import fetch_placement_group_lifetimes, fetch_raw_state
 from raytpu_lab.state.model import ClusterSnapshot, build_snapshot
 from raytpu_lab.state.reservations import ReservationInfo, list_reservations
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
-from raytpu_lab.train.launch import RunHandle, RunListener, RunResult, RunUpdate, start_jax
-from raytpu_lab.train.on_reservation import SliceLoan
-from raytpu_lab.train.profile import parse_profile_window
 from raytpu_lab.train.profile_analysis import ProfileReport
-from raytpu_lab.train.profile_load import load_profile
-from raytpu_lab.train.torch_run import TorchRunResult, check_torch_run, is_emulated, start_torch
-from raytpu_lab.train.worker_tap import accepts_config, check_names
+from raytpu_lab.train.result import RunResult
+from raytpu_lab.train.run import RunHandle, RunListener
+from raytpu_lab.train.service import Runs
+from raytpu_lab.train.spec import RunSpec, validate
+from raytpu_lab.train.torch_run import TorchRunResult
 from raytpu_lab.widgets.status import StatusView
 from raytpu_lab.widgets.topology_map import TopologyMap
 
@@ -95,8 +91,6 @@ class Lab:
     def __init__(self) -> None:
         self.address: str | None = None
         self.cluster: emulator.EmulatedCluster | None = None
-        self.last_run: RunResult | None = None
-        self.last_profile: ProfileReport | None = None
         self._reservations: dict[str, Reservation] = {}
         self._names = itertools.count(1)
         self._jobs: dict[str, str] = {}  # placement group id -> "run <name>", while it runs
@@ -105,6 +99,11 @@ class Lab:
         self.kuberay: KubeRayTarget | None = None
         self._sessions: dict[str, SliceSession] = {}  # reservation name -> its host processes
         self._started: emulator.EmulatedCluster | None = None  # what `up` started, until `down`
+        self.runs = Runs(self.snapshot, self._require_connection,
+                         reservation=self._reservation_for_run,
+                         held=lambda: [r.name for r in self._reservations.values()],
+                         release_hosts=self._close_sessions, on_placed=self._run_placed,
+                         on_ended=self._run_ended)
 
     # -- cluster ---------------------------------------------------------------------------
 
@@ -507,6 +506,26 @@ class Lab:
                 session.close()
 
     # -- training --------------------------------------------------------------------------
+    # Every run goes through self.runs (raytpu_lab.train.service.Runs); these methods only build
+    # its RunSpec. The session keeps the map highlight and the job labels (on_placed/on_ended).
+
+    @property
+    def last_run(self) -> RunResult | None:
+        """The most recent training run's result."""
+        return self.runs.last_run
+
+    @last_run.setter
+    def last_run(self, value: RunResult | None) -> None:
+        self.runs.last_run = value
+
+    @property
+    def last_profile(self) -> ProfileReport | None:
+        """The analysis of the most recent profiled run (``train_jax(profile=...)``)."""
+        return self.runs.last_profile
+
+    @last_profile.setter
+    def last_profile(self, value: ProfileReport | None) -> None:
+        self.runs.last_profile = value
 
     def train_jax(self, train_fn: Callable[..., Any], topology: str, version: str, *,
                   slices: int = 1, name: str | None = None, config: dict[str, Any] | None = None,
@@ -576,25 +595,19 @@ class Lab:
             The errors of :meth:`train_jax` raised before launch; worker errors come from
             ``handle.wait()``.
         """
-        shape = self.check_jax(train_fn, topology, version, slices=slices, config=config,
-                               profile=profile)
-        window = parse_profile_window(profile) if profile is not None else None
-        run_name = name or f"jax-{time.strftime('%H%M%S')}"
-        self.last_profile = None
-        return self._start_run(
-            lambda **kw: start_jax(train_fn, shape, name=run_name, num_slices=slices,
-                                   config=config, storage_path=storage_path, profile=window,
-                                   **kw),
-            shape, slices, run_name, wait_s=wait_s, on_launch=on_launch, on_records=on_records,
-            listener=listener, mute_driver_logs=mute_driver_logs, reservation=reservation,
-            after=(lambda result: self._load_profile(result, window)) if window else None)
+        spec = RunSpec("jax", topology, version, train_fn, slices=slices, name=name,
+                       config=config, reservation=reservation, profile=profile,
+                       storage_path=storage_path, wait_s=wait_s)
+        return self.runs.start(spec, on_launch=on_launch, on_records=on_records,
+                               listener=listener, mute_driver_logs=mute_driver_logs)
 
     def check_jax(self, train_fn: Callable[..., Any] | None, topology: str, version: str, *,
                   slices: int = 1, config: Any = None,
                   profile: str | tuple[int, int] | None = None) -> SliceShape:
         """Every check of a ``JaxTrainer`` run that needs no cluster, as :meth:`start_jax` makes
         them first: the slice shape, ``slices``, the profile window, the config and the
-        function's signature. Contacts nothing and starts nothing.
+        function's signature. Contacts nothing and starts nothing
+        (:func:`raytpu_lab.train.spec.validate`).
 
         Args:
             train_fn: The per-worker function, or ``None`` to check everything else (a cell
@@ -611,19 +624,13 @@ class Lab:
                 call, or one that reads a name defined nowhere (it would raise NameError on
                 every worker, see :func:`~raytpu_lab.train.worker_tap.check_names`).
         """
-        shape = SliceShape.of(version, topology)
-        _require_positive("slices", slices)
-        if profile is not None:
-            parse_profile_window(profile)
-        _require_config_dict(config)
-        if train_fn is not None:
-            accepts_config(train_fn)
-            check_names(train_fn)
-        return shape
+        return validate(RunSpec("jax", topology, version, train_fn, slices=slices,
+                                config=config, profile=profile)).shape
 
     def check_torch(self, train_fn: Callable[..., Any] | None, topology: str, version: str, *,
                     slices: int = 1, config: Any = None, backend: str | None = None,
-                    chips_per_worker: int = 1) -> SliceShape:
+                    chips_per_worker: int = 1,
+                    profile: str | tuple[int, int] | None = None) -> SliceShape:
         """Every check of a ``TorchTrainer`` run that needs no cluster, as :meth:`start_torch`
         makes them first (see :meth:`check_jax`; also torch/torch_xla installed and matched,
         the backend name and chips per worker). Contacts nothing and starts nothing.
@@ -632,82 +639,106 @@ class Lab:
             InvalidTopologyError: Bad generation or topology.
             RaytpuError: ``slices`` is not above 0.
             TrainingConfigError: torch/torch_xla missing or mismatched, a bad backend, chips per
-                worker not dividing a host's chips, a bad config or function signature.
+                worker not dividing a host's chips, a bad profile window, config or function
+                signature.
         """
-        shape = SliceShape.of(version, topology)
-        _require_positive("slices", slices)
-        _require_config_dict(config)
-        check_torch_run(train_fn if train_fn is not None else _no_config, shape, slices,
-                        chips_per_worker, backend)
-        if train_fn is not None:
-            check_names(train_fn)
-        return shape
+        return validate(RunSpec("torch", topology, version, train_fn, slices=slices,
+                                config=config, profile=profile, backend=backend,
+                                chips_per_worker=chips_per_worker)).shape
 
-    def _start_run(self, start: Callable[..., RunHandle], shape: SliceShape, slices: int,
-                   run_name: str, *, wait_s: float, on_launch: Callable[[], None] | None,
-                   on_records: Callable[[list[dict[str, Any]]], None] | None,
-                   listener: RunListener | None, mute_driver_logs: bool,
-                   reservation: str | None = None,
-                   after: Callable[[RunResult], None] | None = None) -> RunHandle:
-        """Checks, launch and bookkeeping shared by every trainer: ``start(**kwargs)`` calls
-        :func:`~raytpu_lab.train.launch.start_run` (through ``start_jax``...) with ours.
+    def train_torch(self, train_fn: Callable[..., Any], topology: str, version: str, *,
+                    slices: int = 1, name: str | None = None,
+                    config: dict[str, Any] | None = None, backend: str | None = None,
+                    chips_per_worker: int = 1, storage_path: str | None = None,
+                    wait_s: float = 60.0, on_launch: Callable[[], None] | None = None,
+                    on_records: Callable[[list[dict[str, Any]]], None] | None = None,
+                    reservation: str | None = None,
+                    profile: str | tuple[int, int] | None = None) -> TorchRunResult:
+        """Train with Ray Train's ``TorchTrainer`` on every chip of ``slices`` slices (PyTorch/XLA);
+        block until the run ends. :meth:`start_torch` without waiting; Ctrl-C stops the run.
 
-        With ``reservation``, the run is lent that reservation's slices (a
-        :class:`~raytpu_lab.train.on_reservation.SliceLoan`): it lands there or is aborted, and
-        the reservation takes its slices back when the run ends."""
-        self._require_connection(f"launch run {run_name!r}")
-        loan = self._loan(reservation, shape, slices, wait_s) if reservation is not None else None
-        if loan is None:
-            self._wait_for_idle(shape, slices, wait_s)
-        if on_launch is not None:
-            on_launch()
-        label = f"run {run_name}"
-        box: list[RunHandle] = []
+        One worker per chip (``use_tpu=True``, ``resources_per_worker={"TPU": 1}``); the process
+        group and PJRT device follow the cluster: torch_xla ``xla`` on TPUs, gloo with PJRT on CPU
+        on the emulator (see :mod:`raytpu_lab.train.torch_run`). The function gets its device and
+        keeps gradients in sync with :mod:`raytpu_lab.train.torch_xla_utils`.
 
-        def placed(slice_names: list[str], pg_ids: list[str]) -> None:
-            self._jobs.update({pg: label for pg in pg_ids})
-            self._highlight(set(slice_names))
-            # Multi-slice: the slices talk over DCN; kept, like the highlight, until the next run.
-            self._mark_dcn([slice_names] if slices > 1 else [])
+        Args:
+            train_fn: Per-worker function ``f(config)``; calls ``ray.train.report``.
+            topology: e.g. ``"2x2x2"``.
+            version: e.g. ``"v5p"``.
+            slices: Slices (multi-slice when > 1).
+            name: Run name; ``torch-<time>`` if omitted.
+            config: Passed to ``train_fn``.
+            backend: ``"xla"`` (default on TPUs), ``"tpu_dist"`` or ``"gloo"``.
+            chips_per_worker: TPU chips per worker (1: one worker per chip).
+            storage_path: Ray Train storage for checkpoints and results.
+            wait_s: Seconds to wait for enough idle slices before launching.
+            on_launch: Called once checks pass, just before the run starts.
+            on_records: Live callback with each batch of reported records.
+            reservation: Run on this reservation of the session, as :meth:`train_jax`.
+            profile: ``(start, stop)`` or ``"START:STOP"``: trace those steps with torch_xla's
+                profiler on every worker (what such a trace holds: :mod:`raytpu_lab.train.profile`);
+                the analysis is left in :attr:`last_profile`.
 
-        lab = self
+        Raises:
+            InvalidTopologyError: Bad topology (before Ray is asked).
+            TrainingConfigError: torch/torch_xla missing or mismatched, a bad backend, chips per
+                worker not dividing a host's chips, or a bad function signature (nothing taken).
+            ReservationError: As :meth:`train_jax`.
+            NotConnectedError: No cluster connected.
+            NoSliceAvailableError: Not enough intact idle slices within ``wait_s``.
+            TrainingError: The workers raised (the slices are freed).
+            KeyboardInterrupt: Interrupted; the run was stopped and its slices freed first.
+        """
+        result = self.start_torch(train_fn, topology, version, slices=slices, name=name,
+                                  config=config, backend=backend,
+                                  chips_per_worker=chips_per_worker, storage_path=storage_path,
+                                  wait_s=wait_s, on_launch=on_launch, on_records=on_records,
+                                  reservation=reservation, profile=profile).wait()
+        assert isinstance(result, TorchRunResult)
+        return result
 
-        class _Bookkeeping:
-            def on_update(self, update: RunUpdate) -> None:
-                if listener is not None:
-                    listener.on_update(update)
+    def start_torch(self, train_fn: Callable[..., Any], topology: str, version: str, *,
+                    slices: int = 1, name: str | None = None,
+                    config: dict[str, Any] | None = None, backend: str | None = None,
+                    chips_per_worker: int = 1, storage_path: str | None = None,
+                    wait_s: float = 60.0, on_launch: Callable[[], None] | None = None,
+                    on_records: Callable[[list[dict[str, Any]]], None] | None = None,
+                    listener: RunListener | None = None, mute_driver_logs: bool = False,
+                    reservation: str | None = None,
+                    profile: str | tuple[int, int] | None = None) -> RunHandle:
+        """Start a ``TorchTrainer`` run (as :meth:`train_torch`) and return its handle at once
+        (see :meth:`start_jax`; ``handle.result`` is a ``TorchRunResult``).
 
-            def on_end(self, result: RunResult) -> None:
-                lab._jobs = {pg: v for pg, v in lab._jobs.items() if v != label}
-                lab.last_run = result
-                if loan is not None and box:
-                    box[0].failure = loan.end()
-                if after is not None:
-                    after(result)
-                if listener is not None:
-                    listener.on_end(result)
+        Raises:
+            The errors of :meth:`train_torch` raised before launch; worker errors come from
+            ``handle.wait()``.
+        """
+        spec = RunSpec("torch", topology, version, train_fn, slices=slices, name=name,
+                       config=config, reservation=reservation, profile=profile,
+                       storage_path=storage_path, wait_s=wait_s, backend=backend,
+                       chips_per_worker=chips_per_worker)
+        return self.runs.start(spec, on_launch=on_launch, on_records=on_records,
+                               listener=listener, mute_driver_logs=mute_driver_logs)
 
-        abort_wanted = threading.Event()
+    def _run_placed(self, label: str, slice_names: list[str], pg_ids: list[str],
+                    num_slices: int) -> None:
+        """A run's slices are known: label its placement groups, highlight its slices."""
+        self._jobs.update({pg: label for pg in pg_ids})
+        self._highlight(set(slice_names))
+        # Multi-slice: the slices talk over DCN; kept, like the highlight, until the next run.
+        self._mark_dcn([slice_names] if num_slices > 1 else [])
 
-        def abort() -> None:
-            # Never block the loan's watcher on stop(): stop waits for on_end, which ends the loan.
-            abort_wanted.set()
-            if box:
-                threading.Thread(target=box[0].stop, daemon=True).start()
+    def _run_ended(self, label: str) -> None:
+        self._jobs = {pg: v for pg, v in self._jobs.items() if v != label}
 
-        if loan is not None:
-            loan.begin(abort=abort)
-        try:
-            handle = start(snapshot=self.snapshot, on_records=on_records, on_placement=placed,
-                           listener=_Bookkeeping(), mute_driver_logs=mute_driver_logs)
-        except BaseException:
-            if loan is not None:
-                loan.end()
-            raise
-        box.append(handle)
-        if abort_wanted.is_set():  # the loan gave up before the handle existed
-            threading.Thread(target=handle.stop, daemon=True).start()
-        return handle
+    def _reservation_for_run(self, name: str) -> Reservation:
+        res = self._reservations.get(name)
+        if res is None:
+            raise ReservationError(f"No reservation named {name!r} in this session.",
+                                   why=f"Reservations held: {', '.join(self._reservations) or 'none'}.",
+                                   fix="Reserve it first, or attach a detached one (%raytpu attach).")
+        return res
 
     # -- KubeRay ---------------------------------------------------------------------------
 
@@ -857,126 +888,7 @@ class Lab:
             self.kuberay.close()
             self.kuberay = None
 
-    def train_torch(self, train_fn: Callable[..., Any], topology: str, version: str, *,
-                    slices: int = 1, name: str | None = None,
-                    config: dict[str, Any] | None = None, backend: str | None = None,
-                    chips_per_worker: int = 1, storage_path: str | None = None,
-                    wait_s: float = 60.0, on_launch: Callable[[], None] | None = None,
-                    on_records: Callable[[list[dict[str, Any]]], None] | None = None,
-                    ) -> TorchRunResult:
-        """Train with Ray Train's ``TorchTrainer`` on every chip of ``slices`` slices (PyTorch/XLA);
-        block until the run ends. :meth:`start_torch` without waiting; Ctrl-C stops the run.
-
-        One worker per chip (``use_tpu=True``, ``resources_per_worker={"TPU": 1}``); the process
-        group and PJRT device follow the cluster: torch_xla ``xla`` on TPUs, gloo with PJRT on CPU
-        on the emulator (see :mod:`raytpu_lab.train.torch_run`). The function gets its device and
-        keeps gradients in sync with :mod:`raytpu_lab.train.torch_xla_utils`.
-
-        Args:
-            train_fn: Per-worker function ``f(config)``; calls ``ray.train.report``.
-            topology: e.g. ``"2x2x2"``.
-            version: e.g. ``"v5p"``.
-            slices: Slices (multi-slice when > 1).
-            name: Run name; ``torch-<time>`` if omitted.
-            config: Passed to ``train_fn``.
-            backend: ``"xla"`` (default on TPUs), ``"tpu_dist"`` or ``"gloo"``.
-            chips_per_worker: TPU chips per worker (1: one worker per chip).
-            storage_path: Ray Train storage for checkpoints and results.
-            wait_s: Seconds to wait for enough idle slices before launching.
-            on_launch: Called once checks pass, just before the run starts.
-            on_records: Live callback with each batch of reported records.
-
-        Raises:
-            InvalidTopologyError: Bad topology (before Ray is asked).
-            TrainingConfigError: torch/torch_xla missing or mismatched, a bad backend, chips per
-                worker not dividing a host's chips, or a bad function signature (nothing taken).
-            NotConnectedError: No cluster connected.
-            NoSliceAvailableError: Not enough intact idle slices within ``wait_s``.
-            TrainingError: The workers raised (the slices are freed).
-            KeyboardInterrupt: Interrupted; the run was stopped and its slices freed first.
-        """
-        result = self.start_torch(train_fn, topology, version, slices=slices, name=name,
-                                  config=config, backend=backend,
-                                  chips_per_worker=chips_per_worker, storage_path=storage_path,
-                                  wait_s=wait_s, on_launch=on_launch, on_records=on_records).wait()
-        assert isinstance(result, TorchRunResult)
-        return result
-
-    def start_torch(self, train_fn: Callable[..., Any], topology: str, version: str, *,
-                    slices: int = 1, name: str | None = None,
-                    config: dict[str, Any] | None = None, backend: str | None = None,
-                    chips_per_worker: int = 1, storage_path: str | None = None,
-                    wait_s: float = 60.0, on_launch: Callable[[], None] | None = None,
-                    on_records: Callable[[list[dict[str, Any]]], None] | None = None,
-                    listener: RunListener | None = None, mute_driver_logs: bool = False,
-                    ) -> RunHandle:
-        """Start a ``TorchTrainer`` run (as :meth:`train_torch`) and return its handle at once
-        (see :meth:`start_jax`; ``handle.result`` is a ``TorchRunResult``).
-
-        Raises:
-            The errors of :meth:`train_torch` raised before launch; worker errors come from
-            ``handle.wait()``.
-        """
-        shape = self.check_torch(train_fn, topology, version, slices=slices, config=config,
-                                 backend=backend, chips_per_worker=chips_per_worker)
-        self._require_connection("launch a TorchTrainer run")
-        emulated = is_emulated(self.snapshot(), shape)
-        run_name = name or f"torch-{time.strftime('%H%M%S')}"
-        return self._start_run(
-            lambda **kw: start_torch(train_fn, shape, name=run_name, num_slices=slices,
-                                     config=config, backend=backend,
-                                     chips_per_worker=chips_per_worker, emulated=emulated,
-                                     storage_path=storage_path, **kw),
-            shape, slices, run_name, wait_s=wait_s, on_launch=on_launch, on_records=on_records,
-            listener=listener, mute_driver_logs=mute_driver_logs)
-
     # -- helpers ---------------------------------------------------------------------------
-
-    def _load_profile(self, result: RunResult, window: Any) -> None:
-        """After a profiled run: analyse its traces into :attr:`last_profile`."""
-        self.last_profile = load_profile(result.storage_path, (window.start, window.stop))
-
-    def _loan(self, name: str, shape: SliceShape, slices: int, wait_s: float) -> SliceLoan:
-        """Reservation ``name``'s slices, to lend to a Ray Train run of ``slices`` x ``shape``."""
-        res = self._reservations.get(name)
-        if res is None:
-            raise ReservationError(f"No reservation named {name!r} in this session.",
-                                   why=f"Reservations held: {', '.join(self._reservations) or 'none'}.",
-                                   fix="Reserve it first, or attach a detached one (%raytpu attach).")
-        if (res.shape.pod_type, res.shape.topology, len(res.slice_names)) != (
-                shape.pod_type, shape.topology, slices):
-            raise ReservationError(
-                f"Reservation {name!r} holds {len(res.slice_names)} x {res.shape.pod_type} "
-                f"({res.shape.topology}), not {slices} x {shape.pod_type} ({shape.topology}).",
-                fix=f"Use --topology {res.shape.topology} --version {res.shape.version} "
-                    f"--slices {len(res.slice_names)}, or leave them out with --reservation.")
-        self._close_sessions(name)  # its host processes hold the chips the run needs
-        return SliceLoan(res, self.snapshot, fetch_raw_state, wait_s=wait_s)
-
-    def _wait_for_idle(self, shape: SliceShape, slices: int, wait_s: float) -> None:
-        deadline = time.monotonic() + wait_s
-        while True:
-            snap = self.snapshot()
-            intact = [s for s in snap.slices_of(shape.pod_type) if s.health == "intact"]
-            if len(intact) < slices:
-                raise diagnose(snap, shape, slices, timeout_s=0.0, impossible=True)
-            if len(snap.idle_slices(shape.pod_type)) >= slices:
-                return
-            own = {r.name for r in self._reservations.values()}
-            usable = [s for s in intact if not set(s.owners) <= own or not s.owners]
-            if len(usable) < slices:
-                held = ", ".join(f"{s.name} (your reservation {'/'.join(s.owners)})"
-                                 for s in intact if s.owners and set(s.owners) <= own)
-                raise NoSliceAvailableError(
-                    f"Cannot launch on {slices} slice(s) of {shape.pod_type}: this session holds "
-                    f"them: {held}.",
-                    why="JaxTrainer reserves its own slices; Ray Train does not accept a "
-                        "placement group or label selector together with use_tpu.",
-                    fix="Release the reservation first (%raytpu release NAME).",
-                    pod_type=shape.pod_type, slices_needed=slices)
-            if time.monotonic() >= deadline:
-                raise diagnose(snap, shape, slices, timeout_s=wait_s, wait_option="--wait")
-            time.sleep(0.5)
 
     def _own_slices(self) -> set[str]:
         return {s for r in self._reservations.values() for s in r.slice_names}
@@ -1037,18 +949,6 @@ def _answers(address: str) -> bool:
     except ConnectError:
         return False
     return True
-
-
-def _no_config() -> None:
-    """Stands in for a training function not known yet (see :meth:`Lab.check_torch`)."""
-
-
-def _require_config_dict(config: Any) -> None:
-    if config is not None and not isinstance(config, dict):
-        raise TrainingConfigError(
-            f"The training config is a {type(config).__name__}, not a dict.",
-            why="Ray Train passes train_loop_config to the function as a dict.",
-            fix="Pass a dict, e.g. --config \"{'steps': 100}\".")
 
 
 def _require_positive(option: str, value: float) -> None:

@@ -213,14 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "run and frees its slices). The result (records, placement, logs, summary) is\n"
                     "left in --out (default last_run); with --background the cell returns at once\n"
                     "and --out holds the run: last_run.wait(), last_run.stop(), last_run.result.")
-    jax.add_argument("--topology", help="slice topology, e.g. 4x4 (required without --reservation)")
-    jax.add_argument("--version", help="accelerator version, e.g. v6e (required without --reservation)")
-    _run_options(jax)
-    jax.add_argument("--reservation", metavar="NAME",
-                     help="run on exactly this reservation's slices, or fail (it gets them back after)")
-    jax.add_argument("--profile", metavar="START:STOP",
-                     help="trace steps START..STOP-1 with jax.profiler on every worker (a step is "
-                          "one ray.train.report call); shown after the run")
+    _run_options(jax, "4x4", "v6e", "jax.profiler")
 
     torch = sub.add_parser(
         "torch", help="(cell magic) run the cell's training function with TorchTrainer (PyTorch/XLA)",
@@ -234,18 +227,23 @@ def build_parser() -> argparse.ArgumentParser:
                     "--backend); on the emulator gloo with PJRT on CPU, whatever --backend says.\n"
                     "The same live dashboard as jax (metrics, placement: one rank per chip, logs,\n"
                     "Stop). Needs pip install 'raytpu_lab[torch]'.")
-    torch.add_argument("--topology", required=True, help="slice topology, e.g. 2x2x2")
-    torch.add_argument("--version", required=True, help="accelerator version, e.g. v5p")
     torch.add_argument("--backend", choices=["xla", "tpu_dist", "gloo"],
                        help="process group on TPUs (default xla; the emulator runs gloo)")
     torch.add_argument("--chips-per-worker", type=int, default=1,
                        help="TPU chips per worker (default 1: one worker per chip)")
-    _run_options(torch)
+    _run_options(torch, "2x2x2", "v5p", "torch_xla's profiler")
     return parser
 
 
-def _run_options(parser: argparse.ArgumentParser) -> None:
-    """The options every training cell magic (jax, torch) shares."""
+def _run_options(parser: argparse.ArgumentParser, topology: str, version: str,
+                 profiler: str) -> None:
+    """The options every training cell magic (jax, torch) shares (examples and profiler named
+    for its trainer)."""
+    parser.add_argument("--topology",
+                        help=f"slice topology, e.g. {topology} (required without --reservation)")
+    parser.add_argument("--version",
+                        help=f"accelerator version, e.g. {version} (required without "
+                             "--reservation)")
     parser.add_argument("--slices", type=int, default=1, help="slices (default 1)")
     parser.add_argument("--name", help="run name (default <function>-<HHMMSS>)")
     parser.add_argument("--fn", help="function to run if the cell defines several")
@@ -255,6 +253,12 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", help="Ray Train storage path")
     parser.add_argument("--background", action="store_true",
                         help="return at once; other cells run while the dashboard streams")
+    parser.add_argument("--reservation", metavar="NAME",
+                        help="run on exactly this reservation's slices, or fail (it gets them "
+                             "back after)")
+    parser.add_argument("--profile", metavar="START:STOP",
+                        help=f"trace steps START..STOP-1 with {profiler} on every worker (a step "
+                             "is one ray.train.report call); shown after the run")
 
 
 def _kube_options(parser: argparse.ArgumentParser) -> None:
@@ -484,7 +488,7 @@ class RaytpuMagics(Magics):
         lab = get_lab()
         # Every refusal that needs no cluster comes first, cheapest first: nothing is shown,
         # contacted or started before the whole request is known to be runnable.
-        self._jax_shape_from_reservation(args)
+        self._shape_from_reservation(args)
         lab.check_jax(None, args.topology, args.version, slices=args.slices, profile=args.profile)
         config = self._config(args.config)
         lab.check_jax(None, args.topology, args.version, slices=args.slices, config=config)
@@ -570,7 +574,7 @@ class RaytpuMagics(Magics):
         s = run.summary()
         state = "was stopped" if s["stopped"] else "finished"
         xla = ""
-        if "backend" in s:  # a PyTorch/XLA run (TorchRunResult)
+        if s["trainer"] == "torch":  # a PyTorch/XLA run (TorchRunResult)
             storm = (f"; recompilation storm on rank(s) {s['recompilation_storm']}"
                      if s["recompilation_storm"] else "")
             xla = (f" {s['workers']} workers, {s['backend']}, PJRT {s['pjrt_device']}, "
@@ -579,13 +583,13 @@ class RaytpuMagics(Magics):
         print(f"Run {s['name']!r} {state} on {', '.join(s['slices']) or '?'}:{xla} "
               f"{_n(s['steps'], counts[:-1])} in {s['wall_s']} s ({s['steps_per_s']} {counts}/s); "
               f"final {s['final_metrics']}. Result in `{args.out}`.")
-        if "backend" in s:
+        if s["trainer"] == "torch":
             display(XlaMetricsView.of(run))
         profile = get_lab().last_profile if getattr(args, "profile", None) else None
         if profile is not None:
             display(ProfileView(profile, snapshot=get_lab().snapshot()))
 
-    def _jax_shape_from_reservation(self, args: argparse.Namespace) -> None:
+    def _shape_from_reservation(self, args: argparse.Namespace) -> None:
         """``--reservation NAME`` fills ``--topology/--version/--slices`` from the reservation."""
         if args.reservation:
             res = {r.name: r for r in get_lab().reservations()}.get(args.reservation)
@@ -610,17 +614,18 @@ class RaytpuMagics(Magics):
             if args.slices == 1:
                 args.slices = len(res.slice_names)
         if not args.topology or not args.version:
-            raise UsageError("raytpu jax: --topology and --version are required (or --reservation "
-                             "NAME of this session's reservations)")
+            raise UsageError(f"raytpu {args.command}: --topology and --version are required (or "
+                             "--reservation NAME of this session's reservations)")
 
     def _do_torch(self, args: argparse.Namespace, cell: str | None) -> Any:
         if cell is None or not cell.strip():
             raise UsageError("%%raytpu torch is a cell magic: put the training function in the "
                              "cell.\n(see %%raytpu torch --help)")
         lab = get_lab()
+        self._shape_from_reservation(args)
         checks = {"slices": args.slices, "backend": args.backend,
                   "chips_per_worker": args.chips_per_worker}
-        lab.check_torch(None, args.topology, args.version, **checks)
+        lab.check_torch(None, args.topology, args.version, profile=args.profile, **checks)
         config = self._config(args.config)
         lab.check_torch(None, args.topology, args.version, config=config, **checks)
         fn = self._training_function(cell, args.fn)
@@ -629,7 +634,8 @@ class RaytpuMagics(Magics):
         return self._watch_run(args, name, lambda **kw: lab.start_torch(
             fn, args.topology, args.version, slices=args.slices, name=name, config=config,
             backend=args.backend, chips_per_worker=args.chips_per_worker,
-            storage_path=args.storage, mute_driver_logs=True, **kw))
+            storage_path=args.storage, mute_driver_logs=True, reservation=args.reservation,
+            profile=args.profile, **kw))
 
     def _config(self, text: str | None) -> Any:
         """``--config``: a Python expression evaluated in the user namespace (the user's own code)."""

@@ -118,3 +118,16 @@ def fetch_placement_group_lifetimes() -> dict[str, dict[str, Any]]:
                                         raise_on_missing_output=False)
         if pg.state != "REMOVED"
     }
+
+
+def fetch_placement_group_states() -> dict[str, dict[str, Any]]:
+    """``{placement group id (hex): {"state": "CREATED" | "PENDING" | "REMOVED" | ..., "name":
+    its name or ""}}`` for every placement group Ray's table lists (removed ones included), from
+    ``ray.util.placement_group_table()``. A training run uses it to tell its own groups (new since
+    launch) and whether they are gone.
+
+    Raises:
+        ray.exceptions.RayError: Ray could not be read (the caller retries or gives up).
+    """
+    return {pg: {"state": str(info.get("state") or ""), "name": str(info.get("name") or "")}
+            for pg, info in ray.util.placement_group_table().items()}

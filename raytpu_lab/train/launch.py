@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import ray
 from ray.train import TrainingFailedError, UserCallback
 
 # The V2 config classes JaxTrainer takes (``ray.train.RunConfig`` resolves to them at run time).
@@ -30,6 +29,7 @@ from ray.train.v2.jax import JaxTrainer
 from ray.util.queue import Queue
 
 from raytpu_lab import _ray_private
+from raytpu_lab.state.fetch import fetch_placement_group_states
 from raytpu_lab.state.model import ClusterSnapshot
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.profile import ProfileWindow, with_profiler
@@ -37,8 +37,8 @@ from raytpu_lab.train.result import RunResult
 from raytpu_lab.train.run import RunHandle, RunListener, RunUpdate
 from raytpu_lab.train.worker_tap import accepts_config, tap_train_fn
 
-__all__ = ["RunHandle", "RunListener", "RunResult", "RunUpdate", "TrainerFactory", "launch_jax",
-           "launch_run", "start_jax", "start_run", "REPORT_INTERVAL_S"]
+__all__ = ["RunHandle", "RunListener", "RunResult", "RunUpdate", "TrainerFactory", "start_jax",
+           "start_run", "REPORT_INTERVAL_S"]
 
 REPORT_INTERVAL_S = 0.5
 _HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
@@ -108,7 +108,7 @@ def start_jax(
             ``<run storage>/profile/``.
     """
     if profile is not None:
-        train_fn = with_profiler(train_fn, profile)
+        train_fn = with_profiler(train_fn, profile, "jax")
 
     def make_trainer(callbacks: list[Any], wrapped: Callable[..., Any]) -> JaxTrainer:
         return JaxTrainer(
@@ -125,28 +125,6 @@ def start_jax(
                      **kwargs)
 
 
-def launch_jax(train_fn: Callable[..., Any], shape: SliceShape, **kwargs: Any) -> RunResult:
-    """:func:`start_jax` and wait: block until the run ends (Ctrl-C stops it).
-
-    Raises:
-        TrainingConfigError: ``train_fn`` takes more than one required argument (nothing started).
-        TrainingError: The workers raised; carries the first failing rank, its host and traceback.
-            Ray Train has already torn down the workers and freed the slices.
-        KeyboardInterrupt: Interrupted; the run was stopped first.
-    """
-    return start_jax(train_fn, shape, **kwargs).wait()
-
-
-def launch_run(make_trainer: TrainerFactory, shape: SliceShape, **kwargs: Any) -> RunResult:
-    """:func:`start_run` and wait: block until the run ends (Ctrl-C stops it).
-
-    Raises:
-        TrainingError: The workers raised (see :meth:`RunHandle.wait`).
-        KeyboardInterrupt: Interrupted; the run was stopped first.
-    """
-    return start_run(make_trainer, shape, **kwargs).wait()
-
-
 def start_run(
     make_trainer: TrainerFactory,
     shape: SliceShape,
@@ -155,9 +133,9 @@ def start_run(
     num_slices: int = 1,
     train_fn: Callable[..., Any] | None = None,
     snapshot: Callable[[], ClusterSnapshot] | None = None,
-    on_records: Callable[[list[dict[str, Any]]], None] | None = None,
     on_placement: Callable[[list[str], list[str]], None] | None = None,
-    listener: RunListener | None = None,
+    on_finish: Callable[[RunHandle], None] | None = None,
+    listeners: Sequence[RunListener] = (),
     poll_interval_s: float = 0.25,
     mute_driver_logs: bool = False,
     log_flush_interval_s: float = 0.25,
@@ -179,10 +157,12 @@ def start_run(
         train_fn: The user's per-worker function; its signature is checked here, before anything
             is launched, and it is wrapped to report placement, logs and errors per rank.
         snapshot: Returns a cluster snapshot; used to find the slices the run landed on.
-        on_records: Called from the drain thread with each batch of new records.
         on_placement: Called once from the drain thread with the slices the run landed on and the
             ids of the placement groups holding them.
-        listener: Gets every update (records, placement, logs, errors) and the end of the run.
+        on_finish: Called once from the drain thread when the run ended, before the listeners
+            hear of it (see :class:`RunHandle`).
+        listeners: Get every update (records, placement, logs, errors, with the result they were
+            folded into) and the end of the run.
         poll_interval_s: How often the drain thread empties the queues, seconds (listeners are
             called at most this often).
         mute_driver_logs: Keep Ray from also printing this run's worker and controller logs in
@@ -222,27 +202,15 @@ def start_run(
         raise
 
     find_slices = (lambda: _new_slices(snapshot(), known_pgs)) if snapshot is not None else None
-
-    class _Compat:
-        def on_update(self, update: RunUpdate) -> None:
-            if update.records and on_records is not None:
-                on_records(update.records)
-            if listener is not None:
-                listener.on_update(update)
-
-        def on_end(self, result: RunResult) -> None:
-            if listener is not None:
-                listener.on_end(result)
-
-    handle = RunHandle(name, result, trainer.fit, events, logs, listener=_Compat(),
-                       on_slices=on_placement, find_slices=find_slices,
+    handle = RunHandle(name, result, trainer.fit, events, logs, listeners=listeners,
+                       on_slices=on_placement, on_finish=on_finish, find_slices=find_slices,
                        poll_interval_s=poll_interval_s, mute_driver_logs=mute_driver_logs,
                        error_text=_error_text, known_pgs=known_pgs)
     return handle.start()
 
 
 def _placement_group_ids() -> set[str]:
-    return set(ray.util.placement_group_table())
+    return set(fetch_placement_group_states())
 
 
 def _new_slices(snap: ClusterSnapshot, known_pgs: set[str]) -> tuple[list[str], list[str]]:

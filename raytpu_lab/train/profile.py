@@ -21,6 +21,16 @@ does for checkpoints.
 
 The window is checked before anything starts (:func:`parse_profile_window`); a window the run
 never reached is reported after the run (:mod:`raytpu_lab.train.profile_analysis`).
+
+PyTorch/XLA runs (``tracer="torch_xla"``) trace the same window with ``torch_xla.debug.profiler``
+(``start_trace``/``stop_trace``, a ``Trace`` with ``step_num`` around each step): the same rank
+folders, ``steps.json`` and ``.xplane.pb`` files. What that trace holds is what torch_xla's
+profiler session records in the worker process: its client-side events (lazy-tensor tracing,
+graph compilation and execution, host <-> device transfers) and, on TPUs, the device activity.
+On the emulator (PJRT on CPU) there is no device plane, so the window shows host time and XLA's
+CPU executions only; and torch_xla reports no per-compile events to us, so ``steps.json`` keeps
+no compilation log for torch workers (their compile counts come from the worker summary,
+:mod:`raytpu_lab.train.xla_profile`).
 """
 
 from __future__ import annotations
@@ -34,11 +44,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from raytpu_lab.errors import TrainingConfigError
 
-__all__ = ["ProfileWindow", "parse_profile_window", "with_profiler", "PROFILE_DIR", "STEPS_FILE",
+__all__ = ["ProfileWindow", "Tracer", "parse_profile_window", "with_profiler", "PROFILE_DIR", "STEPS_FILE",
            "STEP_ANNOTATION", "REPORT_ANNOTATION", "MAX_KEPT_STEPS"]
 
 PROFILE_DIR = "profile"
@@ -53,6 +63,9 @@ MAX_KEPT_STEPS = 100_000
 """Step timings kept per rank (later steps are counted, not kept)."""
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
+Tracer = Literal["jax", "torch_xla"]
+"""Which profiler traces the window in the workers: ``jax.profiler`` or ``torch_xla``'s."""
+
 
 @dataclass(frozen=True)
 class ProfileWindow:
@@ -63,11 +76,6 @@ class ProfileWindow:
 
     def __str__(self) -> str:
         return f"{self.start}:{self.stop}"
-
-    @property
-    def num_steps(self) -> int:
-        """How many steps the window covers."""
-        return self.stop - self.start
 
 
 def parse_profile_window(value: str | tuple[int, int] | ProfileWindow) -> ProfileWindow:
@@ -106,7 +114,8 @@ def parse_profile_window(value: str | tuple[int, int] | ProfileWindow) -> Profil
     return ProfileWindow(start, stop)
 
 
-def with_profiler(train_fn: Callable[..., Any], window: ProfileWindow) -> Callable[..., Any]:
+def with_profiler(train_fn: Callable[..., Any], window: ProfileWindow,
+                  tracer: Tracer = "jax") -> Callable[..., Any]:
     """Wrap a Ray Train per-worker function so it traces ``window`` on every worker.
 
     The wrapper has the same signature as ``train_fn`` (``f(config)`` or ``f()``), so Ray Train
@@ -116,6 +125,7 @@ def with_profiler(train_fn: Callable[..., Any], window: ProfileWindow) -> Callab
     Args:
         train_fn: The user's per-worker function; it calls ``ray.train.report``.
         window: Steps to trace.
+        tracer: ``"jax"`` (``jax.profiler``) or ``"torch_xla"`` (see the module docstring).
 
     Returns:
         The wrapped function (picklable by Ray's cloudpickle).
@@ -123,7 +133,7 @@ def with_profiler(train_fn: Callable[..., Any], window: ProfileWindow) -> Callab
 
     @functools.wraps(train_fn)  # keeps the signature Ray Train inspects to pass the config
     def run_profiled(*args: Any, **kwargs: Any) -> Any:
-        profiler = _StepProfiler(window)
+        profiler = _StepProfiler(window, _TorchXlaTrace() if tracer == "torch_xla" else _JaxTrace())
         try:
             return train_fn(*args, **kwargs)
         finally:
@@ -135,13 +145,12 @@ def with_profiler(train_fn: Callable[..., Any], window: ProfileWindow) -> Callab
 class _StepProfiler:
     """Runs inside one Ray Train worker: counts reports, starts/stops the trace, keeps timings."""
 
-    def __init__(self, window: ProfileWindow) -> None:
-        import jax
+    def __init__(self, window: ProfileWindow, trace: _JaxTrace | _TorchXlaTrace) -> None:
         import ray.train
 
         from raytpu_lab import _ray_private
 
-        self._jax = jax
+        self._trace = trace
         self.window = window
         ctx = ray.train.get_context()
         self.rank = ctx.get_world_rank()
@@ -158,8 +167,7 @@ class _StepProfiler:
         self.error: str | None = None
         self._step_ctx: Any = None
         self._step_start = time.perf_counter()
-        self._listener = self._on_jax_event
-        jax.monitoring.register_event_duration_secs_listener(self._listener)
+        trace.listen(self._on_jax_event)
         self._undo = _ray_private.wrap_train_report(self._around_report)
         if window.start == 0:
             self._start_trace()
@@ -176,7 +184,7 @@ class _StepProfiler:
         reported = time.perf_counter()
         try:
             if self.tracing:
-                with self._jax.profiler.TraceAnnotation(REPORT_ANNOTATION):
+                with self._trace.annotation(REPORT_ANNOTATION):
                     return report(*args, **kwargs)
             return report(*args, **kwargs)
         finally:
@@ -197,8 +205,7 @@ class _StepProfiler:
 
     def _enter_step(self) -> None:
         if self.tracing:
-            self._step_ctx = self._jax.profiler.StepTraceAnnotation(STEP_ANNOTATION,
-                                                                   step_num=self.step)
+            self._step_ctx = self._trace.step(STEP_ANNOTATION, self.step)
             self._step_ctx.__enter__()
             self.traced.append(self.step)
 
@@ -209,11 +216,7 @@ class _StepProfiler:
 
     def _start_trace(self) -> None:
         try:
-            # Python tracing off: it multiplies the trace size by ~10 and XProf's op tables,
-            # step breakdown and XLA events come from the host/device tracers.
-            options = self._jax.profiler.ProfileOptions()
-            options.python_tracer_level = 0
-            self._jax.profiler.start_trace(self.local_dir, profiler_options=options)
+            self._trace.start(self.local_dir)
             self.tracing = True
         except Exception as err:  # a profiler failure must not fail the training run
             self.error = f"start_trace failed: {type(err).__name__}: {err}"
@@ -224,7 +227,7 @@ class _StepProfiler:
         self._exit_step()
         self.tracing = False
         try:
-            self._jax.profiler.stop_trace()
+            self._trace.stop()
         except Exception as err:
             self.error = f"stop_trace failed: {type(err).__name__}: {err}"
 
@@ -233,17 +236,14 @@ class _StepProfiler:
         everything to the run's storage, undo the hooks."""
         self._stop_trace()
         self._undo()
-        try:
-            self._jax.monitoring.unregister_event_duration_listener(self._listener)
-        except (AssertionError, ValueError):
-            pass
+        self._trace.unlisten()
         meta = {
             "rank": self.rank, "slice_name": self.slice_name, "worker_id": self.worker_id,
             "hostname": socket.gethostname(), "megascale_slice_id":
                 os.environ.get("MEGASCALE_SLICE_ID"), "window": [self.window.start,
                                                                  self.window.stop],
             "reports": self.step, "traced_steps": self.traced, "steps": self.steps,
-            "compiles": self.compiles, "error": self.error,
+            "compiles": self.compiles, "error": self.error, "tracer": self._trace.name,
         }
         with open(os.path.join(self.local_dir, STEPS_FILE), "w") as f:
             json.dump(meta, f)
@@ -251,6 +251,77 @@ class _StepProfiler:
             _copy_to_storage(self.local_dir, self.storage, f"{PROFILE_DIR}/{self.tag}")
         finally:
             shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+class _JaxTrace:
+    """``jax.profiler`` in a JAX worker, and JAX's compile events."""
+
+    name: Tracer = "jax"
+
+    def __init__(self) -> None:
+        import jax
+
+        self._jax = jax
+        self._listener: Callable[..., None] | None = None
+
+    def listen(self, on_event: Callable[..., None]) -> None:
+        self._listener = on_event
+        self._jax.monitoring.register_event_duration_secs_listener(on_event)
+
+    def unlisten(self) -> None:
+        try:
+            self._jax.monitoring.unregister_event_duration_listener(self._listener)
+        except (AssertionError, ValueError):
+            pass
+
+    def start(self, local_dir: str) -> None:
+        # Python tracing off: it multiplies the trace size by ~10 and XProf's op tables,
+        # step breakdown and XLA events come from the host/device tracers.
+        options = self._jax.profiler.ProfileOptions()
+        options.python_tracer_level = 0
+        self._jax.profiler.start_trace(local_dir, profiler_options=options)
+
+    def stop(self) -> None:
+        self._jax.profiler.stop_trace()
+
+    def step(self, name: str, step: int) -> Any:
+        return self._jax.profiler.StepTraceAnnotation(name, step_num=step)
+
+    def annotation(self, name: str) -> Any:
+        return self._jax.profiler.TraceAnnotation(name)
+
+
+class _TorchXlaTrace:
+    """``torch_xla.debug.profiler`` in a PyTorch/XLA worker (no compile events: see the module
+    docstring)."""
+
+    name: Tracer = "torch_xla"
+
+    def __init__(self) -> None:
+        import torch_xla.debug.profiler as xp
+
+        self._xp = xp
+
+    def listen(self, on_event: Callable[..., None]) -> None:
+        pass
+
+    def unlisten(self) -> None:
+        pass
+
+    def start(self, local_dir: str) -> None:
+        self._xp.start_trace(local_dir)
+
+    def stop(self) -> None:
+        self._xp.stop_trace()
+
+    def step(self, name: str, step: int) -> Any:
+        # xp.StepTrace would also call torch_xla.sync() when the step ends, cutting the user's
+        # graph where a report returns; a Trace with step_num marks the step the same way
+        # (``_r=1``: a TraceMe at the root level, as StepTrace makes) and changes nothing.
+        return self._xp.Trace(name, _r=1, step_num=step)
+
+    def annotation(self, name: str) -> Any:
+        return self._xp.Trace(name)
 
 
 def _copy_to_storage(local_dir: str, storage: Any, relative: str) -> None:

@@ -1,17 +1,26 @@
-"""The result of a training run: every report of every rank, timing and placement. Pure (no Ray)."""
+"""The result of a training run: every report of every rank, timing and placement. Pure (no Ray).
+
+:class:`RunResult` is the one accumulator of a run's stream: the drain thread folds each
+:class:`RunUpdate` into it (:meth:`RunResult.absorb`), and the live dashboard, its static copy and
+``last_run`` all read it.
+"""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from raytpu_lab.tpu.topology import SliceShape
+from raytpu_lab.train.protocols import ErrorRow, PlacementRow, Record, RunSummary, Trainer
 from raytpu_lab.train.streams import LogBook, placement_table
 
-__all__ = ["RunResult", "progress", "Counts"]
+__all__ = ["RunResult", "RunUpdate", "progress", "Counts"]
 
 Counts = Literal["steps", "reports"]
+_INDEX_LOCK = threading.Lock()  # by_rank() runs in the drain thread and the kernel's (no field:
+#                                 a result stays copyable and picklable)
 
 
 def progress(rows: Sequence[Mapping[str, Any]]) -> tuple[int, float, Counts]:
@@ -32,6 +41,37 @@ def progress(rows: Sequence[Mapping[str, Any]]) -> tuple[int, float, Counts]:
     if len(span) < 2 or span[-1]["time_s"] <= span[0]["time_s"]:
         return count, 0.0, what
     return count, done / (span[-1]["time_s"] - span[0]["time_s"]), what
+
+
+@dataclass
+class RunUpdate:
+    """What arrived since the last update (one drain of the queues).
+
+    Attributes:
+        elapsed_s: Seconds since launch.
+        records: New reports, ``{"report", "rank", "time_s", **metrics}``.
+        workers: New placement rows (one per rank when the workers start).
+        logs: New log lines, ``(rank, stream, text)``; ``dropped`` counts lines workers skipped.
+        log_times: Per rank, when its newest log batch was sent (epoch seconds); lines of ranks
+            not in it are stamped with ``elapsed_s``.
+        errors: New worker errors (rank, host, traceback...).
+        slices: The slices the run landed on, once known (``[]`` before).
+        result: The run's result, with this update folded in (set by :meth:`RunResult.absorb`).
+    """
+
+    elapsed_s: float
+    records: list[Record] = field(default_factory=list)
+    workers: list[PlacementRow] = field(default_factory=list)
+    logs: list[tuple[int, str, str]] = field(default_factory=list)
+    dropped: dict[int, int] = field(default_factory=dict)
+    log_times: dict[int, float] = field(default_factory=dict)
+    errors: list[ErrorRow] = field(default_factory=list)
+    slices: list[str] = field(default_factory=list)
+    result: RunResult | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.records or self.workers or self.logs or self.dropped or self.errors)
 
 
 @dataclass
@@ -62,17 +102,50 @@ class RunResult:
     name: str
     shape: SliceShape
     num_slices: int
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
     wall_s: float = 0.0
     slice_names: list[str] = field(default_factory=list)
     storage_path: str = ""
     error: str | None = None
     ray_result: Any = None
-    workers: list[dict[str, Any]] = field(default_factory=list)
-    worker_errors: list[dict[str, Any]] = field(default_factory=list)
+    workers: list[PlacementRow] = field(default_factory=list)
+    worker_errors: list[ErrorRow] = field(default_factory=list)
     logs: LogBook = field(default_factory=LogBook)
     stopped: bool = False
     worker_summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
+    _by_rank: dict[int, list[Record]] = field(default_factory=dict, init=False, repr=False,
+                                              compare=False)
+    _indexed: int = field(default=0, init=False, repr=False, compare=False)
+
+    #: Which trainer ran (the discriminator of :meth:`summary`).
+    trainer: Trainer = field(default="jax", init=False)
+
+    def absorb(self, update: RunUpdate) -> RunUpdate:
+        """Fold ``update`` in (records, placement rows, errors, log lines, slices); return it
+        with :attr:`RunUpdate.result` set to this result. The drain thread calls it once per
+        update, before any listener sees the update."""
+        self.records.extend(update.records)
+        self.workers.extend(update.workers)
+        self.worker_errors.extend(update.errors)
+        by_rank: dict[int, list[tuple[str, str]]] = {}
+        for rank, stream, text in update.logs:
+            by_rank.setdefault(rank, []).append((stream, text))
+        for rank in sorted(set(by_rank) | set(update.dropped)):
+            self.logs.add(rank, by_rank.get(rank, []), dropped=update.dropped.get(rank, 0),
+                          time_s=update.log_times.get(rank, update.elapsed_s))
+        if update.slices:
+            self.slice_names = list(update.slices)
+        update.result = self
+        return update
+
+    def by_rank(self) -> dict[int, list[Record]]:
+        """``{rank: its records in report order}`` (kept up to date as records arrive)."""
+        with _INDEX_LOCK:
+            new = self.records[self._indexed:]
+            for r in new:
+                self._by_rank.setdefault(int(r["rank"]), []).append(r)
+            self._indexed += len(new)
+            return self._by_rank
 
     @property
     def num_workers(self) -> int:
@@ -80,12 +153,12 @@ class RunResult:
         host-centric JAX runs)."""
         return len({w["rank"] for w in self.workers}) or self.shape.num_hosts * self.num_slices
 
-    def rank0(self) -> list[dict[str, Any]]:
+    def rank0(self) -> list[Record]:
         """Records of rank 0, in report order."""
-        return [r for r in self.records if r["rank"] == 0]
+        return list(self.by_rank().get(0, []))
 
     @property
-    def counts(self) -> str:
+    def counts(self) -> Counts:
         """What :attr:`steps` and :attr:`steps_per_s` count: ``"steps"`` when rank 0 reports a
         ``step`` key, else ``"reports"`` (one per ``ray.train.report`` call, e.g. a run that
         reports ``epoch`` only)."""
@@ -140,12 +213,14 @@ class RunResult:
             raise ValueError(f"to_pandas({what!r}): pick 'records', 'placement' or 'logs'")
         return pd.DataFrame.from_records(rows)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunSummary:
         """A JSON-able summary: wall time, steps, steps/s, final metrics, slices, storage.
 
         ``steps`` and ``steps_per_s`` count reports when rank 0 reports no ``step`` key;
-        ``counts`` says which (``"steps"`` or ``"reports"``)."""
-        return {"name": self.name, "pod_type": self.shape.pod_type, "topology": self.shape.topology,
+        ``counts`` says which (``"steps"`` or ``"reports"``); ``trainer`` says which trainer
+        ran (``"torch"``: the summary is a
+        :class:`~raytpu_lab.train.protocols.TorchRunSummary`)."""
+        return {"trainer": self.trainer, "name": self.name, "pod_type": self.shape.pod_type, "topology": self.shape.topology,
                 "slices": self.slice_names, "workers": self.num_workers,
                 "wall_s": round(self.wall_s, 1), "steps": self.steps, "counts": self.counts,
                 "steps_per_s": round(self.steps_per_s, 2), "final_metrics": self.final_metrics,

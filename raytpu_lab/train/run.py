@@ -4,9 +4,9 @@
 ``fit()`` runs in its own thread so the caller (a notebook cell, a Stop button) stays free; the
 drain thread empties the run's two queue actors every ``poll_interval_s`` seconds (reports,
 placement, errors and the controller's handle on one; log lines on the other), folds them into
-the :class:`~raytpu_lab.train.result.RunResult` and hands each batch to a :class:`RunListener`
-(the dashboard) in one call, so listeners redraw at most once per interval however fast workers
-report.
+the :class:`~raytpu_lab.train.result.RunResult` (the one accumulator) and hands each batch to
+its :class:`RunListener` s (the dashboard) in one call, so listeners redraw at most once per
+interval however fast workers report; listeners read the result, not their own copy.
 
 Stopping: Ray Train V2 aborts a run through its controller actor (``TrainController.abort``, what
 ``fit()``'s own Ctrl-C handler calls); the controller announces its handle through a callback
@@ -21,8 +21,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import ray
@@ -30,7 +29,9 @@ from ray.util.queue import Empty, Queue
 
 from raytpu_lab import _ray_private
 from raytpu_lab.errors import TrainingError
-from raytpu_lab.train.result import RunResult
+from raytpu_lab.state.fetch import fetch_placement_group_states
+from raytpu_lab.train.protocols import LogBatch, RunEvent
+from raytpu_lab.train.result import RunResult, RunUpdate
 
 __all__ = ["RunHandle", "RunListener", "RunUpdate", "STOP_TIMEOUT_S"]
 
@@ -39,32 +40,6 @@ _ABORT_GRACE_S = 4.0
 _MUTE_GRACE_S = 10.0
 _TRAIN_ACTORS = ("RayTrainWorker", "TrainController")  # Ray Train's actor class names
 _LIVE: set[RunHandle] = set()  # runs of this process not yet done (their placement groups)
-
-
-@dataclass
-class RunUpdate:
-    """What arrived since the last update (one drain of the queues).
-
-    Attributes:
-        elapsed_s: Seconds since launch.
-        records: New reports, ``{"report", "rank", "time_s", **metrics}``.
-        workers: New placement rows (one per rank when the workers start).
-        logs: New log lines, ``(rank, stream, text)``; ``dropped`` counts lines workers skipped.
-        errors: New worker errors (rank, host, traceback...).
-        slices: The slices the run landed on, once known (``[]`` before).
-    """
-
-    elapsed_s: float
-    records: list[dict[str, Any]] = field(default_factory=list)
-    workers: list[dict[str, Any]] = field(default_factory=list)
-    logs: list[tuple[int, str, str]] = field(default_factory=list)
-    dropped: dict[int, int] = field(default_factory=dict)
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    slices: list[str] = field(default_factory=list)
-
-    @property
-    def empty(self) -> bool:
-        return not (self.records or self.workers or self.logs or self.dropped or self.errors)
 
 
 class RunListener(Protocol):
@@ -80,6 +55,10 @@ class RunListener(Protocol):
 class RunHandle:
     """A Ray Train run in progress (see the module docstring).
 
+    Callbacks, all from the drain thread: ``on_slices(slice names, placement group ids)`` once
+    the run's slices are known; ``on_finish(handle)`` once it ended, before the listeners'
+    ``on_end`` (bookkeeping: it may set :attr:`failure`); ``listeners`` get every update.
+
     Attributes:
         name: Run name.
         result: The run's :class:`RunResult`, filled while it runs; final once :attr:`done`.
@@ -89,7 +68,9 @@ class RunHandle:
     """
 
     def __init__(self, name: str, result: RunResult, fit: Callable[[], Any], events: Queue,
-                 logs: Queue, *, listener: RunListener | None, on_slices: Callable[..., None] | None,
+                 logs: Queue, *, listeners: Sequence[RunListener] = (),
+                 on_slices: Callable[[list[str], list[str]], None] | None = None,
+                 on_finish: Callable[[RunHandle], None] | None = None,
                  find_slices: Callable[[], tuple[list[str], list[str]]] | None,
                  poll_interval_s: float, mute_driver_logs: bool,
                  error_text: Callable[[BaseException], str],
@@ -99,8 +80,9 @@ class RunHandle:
         self._fit = fit
         self._events = events
         self._logs = logs
-        self._listener = listener
+        self._listeners = list(listeners)
         self._on_slices = on_slices
+        self._on_finish = on_finish
         self._find_slices = find_slices
         self._poll_interval_s = poll_interval_s
         self._mute = mute_driver_logs
@@ -140,11 +122,6 @@ class RunHandle:
     def done(self) -> bool:
         """The run ended (finished, failed or stopped) and its last update was delivered."""
         return self._done.is_set()
-
-    @property
-    def stop_requested(self) -> bool:
-        """:meth:`stop` was called."""
-        return self._stop_requested.is_set()
 
     @property
     def elapsed_s(self) -> float:
@@ -205,13 +182,13 @@ class RunHandle:
         """After a kill mid-start: remove the unnamed placement groups Ray Train made for this
         run (new since launch, held by no other live run of this kernel)."""
         try:
-            table = ray.util.placement_group_table()
+            table = fetch_placement_group_states()
         except Exception:
             return
         others = {pg for h in list(_LIVE) if h is not self for pg in h._pg_ids}
         mine = [pg for pg, info in table.items()
                 if pg not in self._known_pgs and pg not in others
-                and info.get("state") != "REMOVED" and not info.get("name")]
+                and info["state"] != "REMOVED" and not info["name"]]
         for pg in mine:
             try:
                 _ray_private.remove_placement_group_by_id(pg)
@@ -309,9 +286,14 @@ class RunHandle:
             for q in (self._events, self._logs):
                 _shutdown_queue(q)
             self._attach_worker_errors()
-            if self._listener is not None:
+            if self._on_finish is not None:
                 try:
-                    self._listener.on_end(self.result)
+                    self._on_finish(self)
+                except Exception as err:  # e.g. a profile that cannot be read: the run is done
+                    self.listener_error = f"{type(err).__name__}: {err}"
+            for listener in self._listeners:
+                try:
+                    listener.on_end(self.result)
                 except Exception as err:  # the run's result must not depend on its view
                     self.listener_error = f"{type(err).__name__}: {err}"
             self._done.set()
@@ -337,52 +319,47 @@ class RunHandle:
 
     def _drain_once(self) -> None:
         update = RunUpdate(elapsed_s=time.monotonic() - self._start)
-        for item in _take_all(self._events):
-            kind = item.get("kind") if isinstance(item, dict) else None
-            if kind == "reports":
-                update.records.extend(item["rows"])
-            elif kind == "controller":
-                self._controller = item["handle"]
-                self._pids.add(str(item.get("pid")))
-            elif isinstance(item, list):  # the worker tap's rows
-                for row in item:
-                    if row.get("kind") == "placement":
-                        update.workers.append(row)
-                        if row.get("pid") is not None:
-                            self._pids.add(str(row["pid"]))
-                    elif row.get("kind") == "error":
-                        update.errors.append(row)
-                    elif row.get("kind") == "summary":
-                        self.result.worker_summaries[int(row["rank"])] = {
-                            k: v for k, v in row.items() if k not in ("kind", "rank")}
-        for item in _take_all(self._logs):
-            rank = int(item["rank"])
-            lines = [(str(s), str(t)) for s, t in item.get("lines", [])]
-            self.result.logs.add(rank, lines, dropped=int(item.get("dropped", 0)),
-                                 time_s=float(item.get("time", 0.0)))
-            update.logs.extend((rank, s, t) for s, t in lines)
-            if item.get("dropped"):
-                update.dropped[rank] = update.dropped.get(rank, 0) + int(item["dropped"])
+        for event in _take_all(self._events):
+            self._take_event(event, update)
+        for batch in _take_all(self._logs):
+            _take_logs(batch, update)
         r = self.result
-        r.records.extend(update.records)
-        r.workers.extend(update.workers)
-        r.worker_errors.extend(update.errors)
         if update.errors and not self._failing.is_set() and not self._stop_requested.is_set() \
                 and not self._fit_done.is_set():
             self._fail_fast()
         if self._find_slices is not None and not r.slice_names:
             try:
-                r.slice_names, self._pg_ids = self._find_slices()
+                slices, self._pg_ids = self._find_slices()
             except Exception:  # a failed state read is retried on the next poll
-                pass
-            if r.slice_names and self._on_slices is not None:
-                self._on_slices(r.slice_names, self._pg_ids)
-        update.slices = list(r.slice_names)
-        if self._listener is not None:
+                slices = []
+            if slices:
+                update.slices = slices
+                if self._on_slices is not None:
+                    self._on_slices(slices, self._pg_ids)
+        update.slices = update.slices or list(r.slice_names)
+        r.absorb(update)
+        for listener in self._listeners:
             try:
-                self._listener.on_update(update)
+                listener.on_update(update)
             except Exception as err:
                 self.listener_error = f"{type(err).__name__}: {err}"
+
+    def _take_event(self, event: RunEvent, update: RunUpdate) -> None:
+        """Sort one item of the events queue into ``update`` (and keep the controller)."""
+        if event["kind"] == "reports":
+            update.records.extend(event["rows"])
+        elif event["kind"] == "controller":
+            self._controller = event["handle"]
+            self._pids.add(str(event["pid"]))
+        elif event["kind"] == "tap":
+            for row in event["rows"]:
+                if row["kind"] == "placement":
+                    update.workers.append(row)
+                    self._pids.add(str(row["pid"]))
+                elif row["kind"] == "error":
+                    update.errors.append(row)
+                elif row["kind"] == "summary":
+                    self.result.worker_summaries[int(row["rank"])] = dict(row["summary"])
 
     def _attach_worker_errors(self) -> None:
         """Lead the error text with what the worker tap saw: rank, host, slice, traceback."""
@@ -401,10 +378,11 @@ class RunHandle:
         if not self._pg_ids:
             return []
         try:
-            table = ray.util.placement_group_table()
+            table = fetch_placement_group_states()
         except Exception:
             return []
-        return [pg for pg in self._pg_ids if table.get(pg, {}).get("state") not in (None, "REMOVED")]
+        return [pg for pg in self._pg_ids
+                if pg in table and table[pg]["state"] not in ("", "REMOVED")]
 
 
 _UNPLACEABLE = "No available node types can fulfill placement group requests"
@@ -428,6 +406,15 @@ def _ctrl_c_raises() -> Iterator[None]:
         yield
     finally:  # None: a handler set outside Python, which cannot be put back from here
         signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+
+def _take_logs(batch: LogBatch, update: RunUpdate) -> None:
+    """One worker's log batch into ``update``."""
+    rank = int(batch["rank"])
+    update.logs.extend((rank, str(s), str(t)) for s, t in batch.get("lines", []))
+    update.log_times[rank] = float(batch.get("time", 0.0))
+    if batch.get("dropped"):
+        update.dropped[rank] = update.dropped.get(rank, 0) + int(batch["dropped"])
 
 
 def _take_all(queue: Queue) -> list[Any]:

@@ -32,19 +32,15 @@ from typing import Any
 from raytpu_lab.cluster.gke_env import EMULATED_LABEL
 from raytpu_lab.state.model import ClusterSnapshot
 from raytpu_lab.tpu.topology import SliceShape
+from raytpu_lab.train.profile import ProfileWindow, with_profiler
+from raytpu_lab.train.protocols import TorchRunSummary, Trainer
 from raytpu_lab.train.result import RunResult
 from raytpu_lab.train.run import RunHandle
-from raytpu_lab.train.torch_checks import (
-    check_backend,
-    check_torch_versions,
-    installed_versions,
-    workers_per_run,
-)
-from raytpu_lab.train.worker_tap import accepts_config
+from raytpu_lab.train.spec import RunSpec, validate
+from raytpu_lab.train.torch_checks import check_backend
 from raytpu_lab.train.xla_profile import CompileTrend, recompilation_storm, xla_metrics_by_rank
 
-__all__ = ["TorchRunResult", "check_torch_run", "is_emulated", "launch_torch", "resolve_backend",
-           "start_torch"]
+__all__ = ["TorchRunResult", "is_emulated", "resolve_backend", "start_torch"]
 
 
 @dataclass(repr=False)
@@ -61,6 +57,7 @@ class TorchRunResult(RunResult):
     pjrt_device: str = "TPU"
     chips_per_worker: int = 1
     requested_backend: str | None = field(default=None)
+    trainer: Trainer = field(default="torch", init=False)
 
     @property
     def num_workers(self) -> int:
@@ -91,16 +88,14 @@ class TorchRunResult(RunResult):
                                           warmup_steps=warmup_steps)
                 for rank, m in self.xla_metrics.items()}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> TorchRunSummary:
         """:meth:`RunResult.summary` plus backend, PJRT device and the XLA compile picture."""
-        out = super().summary()
         trends = self.compile_trends()
         rank0 = self.xla_metrics.get(0, {})
-        out.update({"backend": self.backend, "pjrt_device": self.pjrt_device,
-                    "xla_compiles": rank0.get("xla_compile_count"),
-                    "xla_compile_time_s": rank0.get("xla_compile_time_s"),
-                    "recompilation_storm": sorted(r for r, t in trends.items() if t.storm)})
-        return out
+        return {**super().summary(), "backend": self.backend, "pjrt_device": self.pjrt_device,
+                "xla_compiles": rank0.get("xla_compile_count"),
+                "xla_compile_time_s": rank0.get("xla_compile_time_s"),
+                "recompilation_storm": sorted(r for r, t in trends.items() if t.storm)}
 
 
 def is_emulated(snapshot: ClusterSnapshot, shape: SliceShape) -> bool:
@@ -117,32 +112,6 @@ def resolve_backend(requested: str | None, emulated: bool) -> tuple[str, str]:
     return requested or "xla", "TPU"
 
 
-def check_torch_run(train_fn: Callable[..., Any], shape: SliceShape, num_slices: int,
-                    chips_per_worker: int = 1, backend: str | None = None) -> int:
-    """Every check that needs no cluster; returns the number of workers.
-
-    Raises:
-        TrainingConfigError: torch/torch_xla missing or mismatched, a bad backend name, chips per
-            worker that do not divide a host's chips, or a function Ray Train cannot call.
-    """
-    check_torch_versions(*installed_versions())
-    check_backend(backend)
-    accepts_config(train_fn)
-    return workers_per_run(shape, num_slices, chips_per_worker)
-
-
-def launch_torch(train_fn: Callable[..., Any], shape: SliceShape, **kwargs: Any) -> TorchRunResult:
-    """:func:`start_torch` and wait: block until the run ends (Ctrl-C stops it).
-
-    Raises:
-        TrainingConfigError: A check of :func:`check_torch_run` failed (nothing was launched).
-        TrainingError: The workers raised; Ray Train freed the slices.
-    """
-    result = start_torch(train_fn, shape, **kwargs).wait()
-    assert isinstance(result, TorchRunResult)
-    return result
-
-
 def start_torch(
     train_fn: Callable[..., Any],
     shape: SliceShape,
@@ -154,6 +123,7 @@ def start_torch(
     chips_per_worker: int = 1,
     emulated: bool = False,
     storage_path: str | None = None,
+    profile: ProfileWindow | None = None,
     **kwargs: Any,
 ) -> RunHandle:
     """Start ``train_fn`` with ``TorchTrainer`` on every chip of ``num_slices`` slices; returns
@@ -172,13 +142,21 @@ def start_torch(
         chips_per_worker: TPU chips each worker requests (``resources_per_worker={"TPU": n}``).
         emulated: The slices are emulated (:func:`is_emulated`): PJRT on CPU, gloo.
         storage_path: Ray Train's storage; Ray's default if ``None``.
-        kwargs: ``snapshot``, ``on_records``, ``on_placement``, ``listener``,
+        profile: Steps to trace with ``torch_xla``'s profiler on every worker (see
+            :mod:`raytpu_lab.train.profile` for what such a trace holds); traces go to
+            ``<run storage>/profile/``.
+        kwargs: ``snapshot``, ``on_placement``, ``on_finish``, ``listeners``,
             ``mute_driver_logs``... as for :func:`~raytpu_lab.train.launch.start_run`.
 
     Raises:
-        TrainingConfigError: A check of :func:`check_torch_run` failed (nothing was launched).
+        TrainingConfigError: A check of :func:`~raytpu_lab.train.spec.validate` failed (nothing
+            was launched).
     """
-    num_workers = check_torch_run(train_fn, shape, num_slices, chips_per_worker, backend)
+    num_workers = validate(RunSpec("torch", shape.topology, shape.version, train_fn,
+                                   slices=num_slices, backend=backend,
+                                   chips_per_worker=chips_per_worker)).num_workers
+    if profile is not None:
+        train_fn = with_profiler(train_fn, profile, "torch_xla")
     pg_backend, pjrt_device = resolve_backend(backend, emulated)
     # Ray Train's v2 classes load here, after the checks: they import torch.
     from ray.train.v2.api.config import RunConfig, ScalingConfig

@@ -3,6 +3,9 @@
 :func:`tap_train_fn` wraps the user's per-worker function before it goes to Ray Train (any
 trainer: ``JaxTrainer``, ``TorchTrainer``...). In each worker the wrapper
 
+Every row goes to the ``events`` queue as a ``{"kind": "tap", "rows": [row]}`` item; the shapes are
+:class:`~raytpu_lab.train.protocols.TapEvent` and its rows.
+
 1. sends one placement row to the ``events`` queue: rank, node id, host IP, pid, the slice name and
    worker id from the node's labels (``ray.io/tpu-slice-name``, ``ray.io/tpu-worker-id``, which Ray
    derives from the GKE/KubeRay TPU environment), the chips Ray assigned
@@ -13,7 +16,7 @@ trainer: ``JaxTrainer``, ``TorchTrainer``...). In each worker the wrapper
    worker printing faster than ``max_lines_per_flush`` lines per interval sends the last ones and
    the count it dropped, so a flood never backs up the queue;
 3. calls the function; if it raises, sends ``{"kind": "error", rank, host, traceback}`` first;
-4. if given a ``worker_summary`` function, sends ``{"kind": "summary", "rank", **worker_summary()}``
+4. if given a ``worker_summary`` function, sends ``{"kind": "summary", "rank", "summary": ...}``
    when the function ends (PyTorch/XLA runs send torch_xla's metrics this way, so they stay out
    of the run's metric reports).
 
@@ -36,12 +39,12 @@ from collections.abc import Callable
 from typing import Any
 
 from raytpu_lab.errors import TrainingConfigError
+from raytpu_lab.train.protocols import ErrorRow, LogBatch, PlacementRow, TapEvent, TapRow
 
 __all__ = ["accepts_config", "check_names", "tap_train_fn", "SLICE_LABEL", "WORKER_ID_LABEL"]
 
 SLICE_LABEL = "ray.io/tpu-slice-name"
 WORKER_ID_LABEL = "ray.io/tpu-worker-id"
-_MEGASCALE = ("MEGASCALE_SLICE_ID", "MEGASCALE_NUM_SLICES", "MEGASCALE_COORDINATOR_ADDRESS")
 
 
 def accepts_config(fn: Callable[..., Any]) -> bool:
@@ -142,10 +145,10 @@ def tap_train_fn(train_fn: Callable[..., Any], events: Any, logs: Any, *,
 
     Args:
         train_fn: The user's per-worker function (checked with :func:`accepts_config`).
-        events: A ``ray.util.queue.Queue``; gets ``[{"kind": "placement", ...}]``,
-            ``[{"kind": "error", ...}]`` and ``[{"kind": "summary", ...}]`` items.
-        logs: A ``ray.util.queue.Queue``; gets ``{"rank", "lines": [(stream, text), ...],
-            "dropped"}`` items, one per worker and flush.
+        events: A ``ray.util.queue.Queue``; gets :class:`~raytpu_lab.train.protocols.TapEvent`
+            items (a placement row, an error row, a summary row).
+        logs: A ``ray.util.queue.Queue``; gets :class:`~raytpu_lab.train.protocols.LogBatch`
+            items, one per worker and flush.
         flush_interval_s: Seconds between log batches of one worker.
         max_lines_per_flush: Lines kept per batch; older ones are counted in ``dropped``.
         worker_summary: Called in each worker when ``train_fn`` returns or raises; its JSON-able
@@ -159,18 +162,19 @@ def tap_train_fn(train_fn: Callable[..., Any], events: Any, logs: Any, *,
 
     def run(config: Any) -> Any:
         info = _placement()
-        _put(events, [info])
+        _put(events, _tap(info))
         tee = _Tee(info["rank"], logs, flush_interval_s, max_lines_per_flush)
         tee.start()
         try:
             return train_fn(config) if takes_config else train_fn()
         except BaseException as err:
-            _put(events, [{"kind": "error", "rank": info["rank"], "node_id": info["node_id"],
-                           "host": info["host"], "slice": info["slice"],
-                           "worker_id": info["worker_id"], "error": f"{type(err).__name__}: {err}",
-                           "traceback": "".join(traceback.format_exception(
-                               type(err), err, err.__traceback__.tb_next if err.__traceback__
-                               else None))}])
+            error: ErrorRow = {
+                "kind": "error", "rank": info["rank"], "node_id": info["node_id"],
+                "host": info["host"], "slice": info["slice"], "worker_id": info["worker_id"],
+                "error": f"{type(err).__name__}: {err}",
+                "traceback": "".join(traceback.format_exception(
+                    type(err), err, err.__traceback__.tb_next if err.__traceback__ else None))}
+            _put(events, _tap(error))
             raise
         finally:
             if worker_summary is not None:
@@ -194,7 +198,11 @@ def _send_summary(events: Any, rank: int, worker_summary: Callable[[], dict[str,
         summary = worker_summary()
     except Exception:  # a summary must never fail (or mask the error of) the training run
         return
-    _put(events, [{**summary, "kind": "summary", "rank": rank}])
+    _put(events, _tap({"kind": "summary", "rank": rank, "summary": dict(summary)}))
+
+
+def _tap(row: TapRow) -> TapEvent:
+    return {"kind": "tap", "rows": [row]}
 
 
 def _put(queue: Any, item: Any) -> None:
@@ -204,7 +212,7 @@ def _put(queue: Any, item: Any) -> None:
         pass
 
 
-def _placement() -> dict[str, Any]:
+def _placement() -> PlacementRow:
     import ray
     import ray.train
 
@@ -224,7 +232,9 @@ def _placement() -> dict[str, Any]:
             "slice": labels.get(SLICE_LABEL, os.environ.get("TPU_NAME", "")),
             "worker_id": int(worker_id) if worker_id.isdigit() else None,
             "chips": [str(c) for c in chips],
-            **{k.lower(): os.environ.get(k) for k in _MEGASCALE}}
+            "megascale_slice_id": os.environ.get("MEGASCALE_SLICE_ID"),
+            "megascale_num_slices": os.environ.get("MEGASCALE_NUM_SLICES"),
+            "megascale_coordinator_address": os.environ.get("MEGASCALE_COORDINATOR_ADDRESS")}
 
 
 def _not_for_the_panes() -> bool:
@@ -353,5 +363,6 @@ class _Tee:
             lines, dropped = self._lines, self._dropped
             self._lines, self._dropped = [], 0
         if lines or dropped:
-            _put(self._queue, {"rank": self._rank, "time": time.time(), "lines": lines,
-                               "dropped": dropped})
+            batch: LogBatch = {"rank": self._rank, "time": time.time(), "lines": lines,
+                               "dropped": dropped}
+            _put(self._queue, batch)

@@ -1,9 +1,11 @@
 """The live dashboard of a training run: metrics, placement, per-worker logs, Stop, summary.
 
 Trainer-agnostic and Ray-free: it is a :class:`~raytpu_lab.train.run.RunListener`, fed by a run's
-drain thread with :class:`~raytpu_lab.train.run.RunUpdate` batches (what workers passed to
-``ray.train.report``, where each rank runs, what it printed, how it failed), so ``JaxTrainer`` and
-``TorchTrainer`` runs show the same view.
+drain thread with :class:`~raytpu_lab.train.result.RunUpdate` batches already folded into the
+run's :class:`~raytpu_lab.train.result.RunResult` (:meth:`RunResult.absorb`). It keeps no copy of
+the stream: it draws from the result (through :class:`~raytpu_lab.widgets.run_view.RunView`) and
+uses the latest update only to know what to redraw, so ``JaxTrainer`` and ``TorchTrainer`` runs
+show the same view and ``last_run`` holds exactly what the view showed.
 
 Rules it keeps (JupyterLab stays responsive however loud the run is):
 
@@ -18,21 +20,13 @@ Rules it keeps (JupyterLab stays responsive however loud the run is):
   line (a comm callback's traceback would otherwise only reach the browser console).
 
 :meth:`RunDashboard.show` displays it (two outputs, each with a display id); :meth:`freeze`
-replaces both with small, safe static bundles when the run ends (no widget view is saved):
-
-- the chart as ``application/vnd.plotly.v1+json`` (plotly's own JupyterLab renderer draws it with
-  no kernel and no trust; at most :data:`STATIC_POINTS` points in all, no plotly.js inside) +
-  ``image/svg+xml`` (:func:`~raytpu_lab.widgets.chart_svg.render_chart_svg`: nbconvert, VS Code,
-  GitHub) + ``text/plain``;
-- status, errors, placement, summary and logs as script-free ``text/html`` + ``text/plain``.
-
-Then every widget of the dashboard is closed, so it can be garbage-collected.
+replaces both with the small, safe static bundles of :class:`~raytpu_lab.widgets.run_view.RunView`
+when the run ends (no widget view is saved). Then every widget of the dashboard is closed, so it can be garbage-collected.
 """
 
 from __future__ import annotations
 
 import html
-import json
 import threading
 import traceback
 from collections.abc import Callable
@@ -40,38 +34,17 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from raytpu_lab.train.result import progress
-from raytpu_lab.train.streams import (
-    PLACEMENT_COLUMNS,
-    LogBook,
-    Throttle,
-    downsample,
-    metric_series,
-    numeric_keys,
-    placement_table,
-)
-from raytpu_lab.widgets.chart_svg import PALETTE, render_chart_svg
-from raytpu_lab.widgets.run_chart import FIXED_PANELS, PANEL_TITLES, LiveChart
-from raytpu_lab.widgets.svg import svg_img
+from raytpu_lab.train.streams import Throttle, metric_series, numeric_keys
+from raytpu_lab.widgets.run_chart import FIXED_PANELS, LiveChart
+from raytpu_lab.widgets.run_view import PLOTLY_MIME, STATIC_POINTS, RunView, pre_lines
 
 if TYPE_CHECKING:
-    from raytpu_lab.train.result import RunResult
-    from raytpu_lab.train.run import RunUpdate
+    from raytpu_lab.train.result import RunResult, RunUpdate
 
 __all__ = ["RunDashboard", "STATIC_POINTS", "PLOTLY_MIME"]
 
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
-STATIC_POINTS = 6000
-"""Points in all traces of the saved plotly chart (each trace at most 2,000): ~100 KB of JSON."""
 _FIXED = FIXED_PANELS
-_TITLES = PANEL_TITLES
-_SVG_POINTS = 150  # per trace of the saved SVG
-_STYLE = ("<style>.raytpu-dash table{border-collapse:collapse;font-size:12px}"
-          ".raytpu-dash td,.raytpu-dash th{border:1px solid #ddd;padding:2px 6px;text-align:left}"
-          ".raytpu-dash pre{max-height:320px;overflow:auto;font-size:11px;margin:0;"
-          "background:#fafafa;padding:4px}.raytpu-err{color:#b00020}</style>")
 
 
 class RunDashboard:
@@ -98,38 +71,44 @@ class RunDashboard:
         self.max_log_lines = max_log_lines
         self.max_points = max_points
         self.live = live
+        self.view = RunView(title, max_log_lines=max_log_lines, max_points=max_points)
         self._lock = threading.RLock()
-        self._rows: dict[int, list[dict[str, Any]]] = {}
-        self._workers: list[dict[str, Any]] = []
-        self._errors: list[dict[str, Any]] = []
-        self._logs = LogBook(max_lines=max_log_lines)
-        self._slices: list[str] = []
         self._keys: list[str] = []
-        self._key = "loss"
         self._chart_throttle = Throttle(redraw_interval_s)
         self._log_throttle = Throttle(log_interval_s)
         self._status_throttle = Throttle(1.0)
         self._dirty_chart = self._dirty_table = self._dirty_logs = False
         self._drawn_log_rev: dict[int, int] = {}
-        self._elapsed_s = 0.0
-        self._state = "starting"
-        self._result: RunResult | None = None
+        self._drawn_slices: list[str] = []
         self.redraws = 0
         self._handles: list[Any] = []
         if live:
             self._build()
 
+    @property
+    def result(self) -> RunResult | None:
+        """The run's result this dashboard draws (``None`` before the first update)."""
+        return self.view.result
+
+    @property
+    def _key(self) -> str:
+        return self.view.key
+
+    @_key.setter
+    def _key(self, value: str) -> None:
+        self.view.key = value
+
     # -- widgets ---------------------------------------------------------------------------
 
     def _build(self) -> None:
-        self.status = w.HTML(self._status_html())
+        self.status = w.HTML(self.view.status_html())
         self.stop_button = w.Button(description="Stop", icon="stop", button_style="danger",
                                     tooltip="Abort the run and free its slices (Ray Train abort)")
         self.stop_button.on_click(self._clicked_stop)
         self.message = w.HTML("")
         self.chart = LiveChart(self._chart_series, title=self.title, lock=self._lock)
         self.chart.observe(self._key_changed, names="key")
-        self.placement = w.HTML(self._placement_html())
+        self.placement = w.HTML(self.view.placement_html())
         self.log_panes = w.Accordion(children=[])
         self.log_panes.observe(self._pane_opened, names="selected_index")
         self.summary = w.HTML("")
@@ -138,17 +117,6 @@ class RunDashboard:
             w.HTML("<b>Placement</b>"), self.placement, w.HTML("<b>Logs</b> (last lines per rank)"),
             self.log_panes, self.summary], layout=w.Layout(width="100%"))
         self.widget.add_class("raytpu-dashboard")
-
-    def _base_figure(self) -> go.Figure:
-        fig = make_subplots(rows=1, cols=3, subplot_titles=(self._key, *(_TITLES[k] for k in _FIXED)))
-        fig.update_layout(title=self.title, height=370, margin={"t": 90, "b": 80, "l": 50, "r": 20},
-                          legend={"orientation": "h", "y": -0.32})
-        fig.update_xaxes(title_text=self._xlabel())
-        return fig
-
-    def _xlabel(self) -> str:
-        return "step" if any("step" in r for rows in self._rows.values() for r in rows[:1]) \
-            else "report"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         """The live widget plus a text line and a script-free HTML status (shown by front ends
@@ -177,7 +145,7 @@ class RunDashboard:
         with self._lock:
             handles, self._handles = self._handles, []
             if handles:
-                chart = self.static_chart_bundle() if self._rows else {"text/plain": ""}
+                chart = self.static_chart_bundle() if self.view.rows() else {"text/plain": ""}
                 handles[0].update(chart, raw=True)
                 if len(handles) > 1:
                     handles[1].update(self.static_tables_bundle(), raw=True)
@@ -215,41 +183,44 @@ class RunDashboard:
     # -- listener --------------------------------------------------------------------------
 
     def on_update(self, update: RunUpdate) -> None:
-        """Take one batch from the drain thread; redraw what changed if its throttle allows."""
+        """Take one batch from the drain thread (folded into the run's result already, see
+        :meth:`RunResult.absorb`); redraw what changed if its throttle allows.
+
+        Raises:
+            ValueError: ``update`` was not folded into a result (its ``result`` is ``None``).
+        """
+        if update.result is None:
+            raise ValueError("RunDashboard.on_update needs an update folded into the run's "
+                             "result: result.absorb(update)")
         with self._lock:
-            self._elapsed_s = update.elapsed_s
-            if self._state == "starting" and (update.workers or update.records):
-                self._state = "running"
-            for r in update.records:
-                self._rows.setdefault(int(r["rank"]), []).append(r)
+            view = self.view
+            view.result = update.result
+            view.elapsed_s = update.elapsed_s
+            if view.state == "starting" and (update.workers or update.records):
+                view.state = "running"
             if update.records:
                 self._dirty_chart = True
-            if update.workers or update.errors or update.slices != self._slices:
-                self._workers.extend(update.workers)
-                self._errors.extend(update.errors)
-                self._slices = list(update.slices)
+            if update.workers or update.errors or update.slices != self._drawn_slices:
+                self._drawn_slices = list(update.slices)
                 self._dirty_table = True
-            by_rank: dict[int, list[tuple[str, str]]] = {}
-            for rank, stream, text in update.logs:
-                by_rank.setdefault(rank, []).append((stream, text))
-            for rank in set(by_rank) | set(update.dropped):
-                self._logs.add(rank, by_rank.get(rank, []), dropped=update.dropped.get(rank, 0),
-                               time_s=update.elapsed_s)
+            if update.logs or update.dropped:
                 self._dirty_logs = True
             self._redraw(final=False)
 
     def on_end(self, result: RunResult) -> None:
         """The run ended: final redraw, summary, Stop disabled."""
         with self._lock:
-            self._result = result
-            self._elapsed_s = result.wall_s
-            self._state = ("failed" if result.error else "stopped" if result.stopped
-                           else "finished")
+            view = self.view
+            view.result = result
+            view.ended = True
+            view.elapsed_s = result.wall_s
+            view.state = ("failed" if result.error else "stopped" if result.stopped
+                          else "finished")
             self._dirty_chart = self._dirty_table = self._dirty_logs = True
             self._redraw(final=True)
             if self.live:
                 self.stop_button.disabled = True
-                self.summary.value = self._summary_html()
+                self.summary.value = view.summary_html()
 
     def show_error(self, text: str) -> None:
         """Show ``text`` in the dashboard's message line (red)."""
@@ -263,15 +234,15 @@ class RunDashboard:
             return
         try:
             if final or self._status_throttle.ready():  # its seconds change every second
-                self.status.value = self._status_html()
+                self.status.value = self.view.status_html()
             if self._dirty_chart and (final or self._chart_throttle.ready()):
                 self._draw_chart()
                 self._dirty_chart = False
                 self.redraws += 1
             if self._dirty_table:
-                self.placement.value = self._placement_html()
-                if self._errors:
-                    self.message.value = self._errors_html()
+                self.placement.value = self.view.placement_html()
+                if self.view.errors:
+                    self.message.value = self.view.errors_html()
                 self._dirty_table = False
             if self._dirty_logs and (final or self._log_throttle.ready()):
                 self._draw_logs()
@@ -279,31 +250,26 @@ class RunDashboard:
         except Exception:  # a drawing bug shows in the view, never kills the drain thread
             self.show_error("dashboard error:\n" + traceback.format_exc())
 
-    def _series(self, key: str, max_points: int | None = None
-                ) -> dict[int, tuple[list[float], list[float]]]:
-        n = self.max_points if max_points is None else max_points
-        return {rank: downsample(*metric_series(rows, key), n)
-                for rank, rows in sorted(self._rows.items())}
-
     def _chart_series(self, key: str, starts: dict[int, int]
                       ) -> dict[int, tuple[list[float], list[float], int]]:
         """Points of ``key`` per rank from row ``starts[rank]`` on (the live chart's feed)."""
         with self._lock:
             out: dict[int, tuple[list[float], list[float], int]] = {}
-            for rank, rows in sorted(self._rows.items()):
+            for rank, rows in self.view.rows().items():
+                count = len(rows)  # the drain thread may append meanwhile: read up to here
                 start = starts.get(rank, 0)
-                if start >= len(rows):
-                    out[rank] = ([], [], len(rows))
+                if start >= count:
+                    out[rank] = ([], [], count)
                     continue
-                sub = rows[max(0, start - 1):]  # one row before: derived keys need it
+                sub = rows[max(0, start - 1):count]  # one row before: derived keys need it
                 xs, ys = metric_series(sub, key)
                 if start > 0 and metric_series(sub[:1], key)[0]:
                     xs, ys = xs[1:], ys[1:]  # that row's own point was sent before
-                out[rank] = (xs, ys, len(rows))
+                out[rank] = (xs, ys, count)
             return out
 
     def _draw_chart(self) -> None:
-        all_rows = [r for rows in self._rows.values() for r in rows[-5:]]
+        all_rows = [r for rows in self.view.rows().values() for r in rows[-5:]]
         keys = numeric_keys(all_rows) if all_rows else []
         keys = keys + [k for k in _FIXED if k not in keys]
         chart = self.chart
@@ -313,19 +279,19 @@ class RunDashboard:
                 if self._key not in keys:
                     self._key = _default_key(keys)
                 chart.metrics = list(keys)
-            chart.xlabel = self._xlabel()
+            chart.xlabel = self.view.xlabel()
         if chart.key != self._key:
             chart.key = self._key  # sends a full state
         else:
             chart.push()
 
     def _draw_logs(self) -> None:
-        ranks = self._logs.ranks
+        ranks = self.view.logs.ranks
         panes = list(self.log_panes.children)
         if len(panes) < len(ranks):
             panes += [w.HTML("") for _ in range(len(ranks) - len(panes))]
             self.log_panes.children = panes
-        titles = tuple(self._log_title(r) for r in ranks)
+        titles = tuple(self.view.log_title(r) for r in ranks)
         if tuple(self.log_panes.titles) != titles:
             self.log_panes.titles = titles
         opened = self.log_panes.selected_index
@@ -333,17 +299,10 @@ class RunDashboard:
             self._fill_pane(ranks[opened], panes[opened])
 
     def _fill_pane(self, rank: int, pane: w.HTML) -> None:
-        rev = self._logs.revision(rank)
+        rev = self.view.logs.revision(rank)
         if self._drawn_log_rev.get(rank) != rev:
-            pane.value = _pre(self._logs.tail(rank))
+            pane.value = pre_lines(self.view.log_tail(rank))
             self._drawn_log_rev[rank] = rev
-
-    def _log_title(self, rank: int) -> str:
-        total, dropped = self._logs.counts(rank)
-        host = next((x.get("host") for x in reversed(self._workers) if x["rank"] == rank), "")
-        failed = " - raised" if any(e["rank"] == rank for e in self._errors) else ""
-        cut = f", last {self.max_log_lines} shown" if dropped else ""
-        return f"rank {rank} {host} - {total} lines{cut}{failed}"
 
     # -- callbacks (kernel thread) -----------------------------------------------------------
 
@@ -354,8 +313,8 @@ class RunDashboard:
             self.stop_button.disabled = True
             self.stop_button.description = "Stopping..."
             with self._lock:
-                self._state = "stopping"
-                self.status.value = self._status_html()
+                self.view.state = "stopping"
+                self.status.value = self.view.status_html()
             threading.Thread(target=self._stop_in_background, name="raytpu-stop",
                              daemon=True).start()
         except Exception:
@@ -384,143 +343,41 @@ class RunDashboard:
         try:
             with self._lock:
                 i = change["new"]
-                ranks = self._logs.ranks
+                ranks = self.view.logs.ranks
                 if i is not None and i < len(ranks):
                     self._fill_pane(ranks[i], self.log_panes.children[i])
         except Exception:
             self.show_error("log pane failed:\n" + traceback.format_exc())
 
-    # -- text and static HTML --------------------------------------------------------------
+    # -- static forms (drawn by the view, under the lock) --------------------------------------
 
     def text(self) -> str:
         """One status line: state, elapsed seconds, steps, steps/s, slices."""
-        count, rate, what = progress(self._rows.get(0) or next(iter(self._rows.values()), []))
-        where = f" on {', '.join(self._slices)}" if self._slices else ""
-        return (f"run {self.title!r} {self._state}{where}: {self._elapsed_s:.0f} s, "
-                f"{count} {what}, {rate:.2f} {what}/s, {len(self._workers)} workers")
-
-    def _status_html(self) -> str:
-        color = {"failed": "#b00020", "stopped": "#a15c00", "finished": "#1b5e20"}.get(
-            self._state, "#0d47a1")
-        return f"<span style='color:{color}'>{html.escape(self.text())}</span>"
-
-    def _placement_html(self) -> str:
-        rows = placement_table(self._workers)
-        if not rows:
-            return "<i>waiting for workers to start...</i>"
-        failed = {e["rank"] for e in self._errors}
-        head = "".join(f"<th>{c}</th>" for c in PLACEMENT_COLUMNS)
-        body = "".join(
-            f"<tr{' class=raytpu-err' if r['rank'] in failed else ''}>"
-            + "".join(f"<td>{html.escape('' if r[c] is None else str(r[c]))}</td>"
-                      for c in PLACEMENT_COLUMNS) + "</tr>" for r in rows)
-        return f"{_STYLE}<div class='raytpu-dash'><table><tr>{head}</tr>{body}</table></div>"
-
-    def _errors_html(self) -> str:
-        parts = []
-        for e in sorted(self._errors, key=lambda e: e["rank"]):
-            where = f"rank {e['rank']} on host {e.get('host')}"
-            if e.get("slice"):
-                where += f" ({e['slice']} worker {e.get('worker_id')})"
-            parts.append(f"<details open><summary class='raytpu-err'>{html.escape(where)} raised "
-                         f"{html.escape(e['error'])}</summary>{_pre_text(e['traceback'])}</details>")
-        return f"{_STYLE}<div class='raytpu-dash'>{''.join(parts)}</div>"
-
-    def _summary_html(self) -> str:
-        r = self._result
-        if r is None:
-            return ""
-        s = r.summary()
-        rows = [("state", self._state), ("wall time", f"{s['wall_s']} s"),
-                (s["counts"], s["steps"]), (f"{s['counts']}/s", s["steps_per_s"]), ("final metrics", s["final_metrics"]),
-                ("slices", ", ".join(s["slices"])),
-                ("storage (checkpoints, results, traces)", s["storage_path"] or "-")]
-        if r.error:
-            rows.append(("error", r.error.splitlines()[0]))
-        body = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
-                       for k, v in rows)
-        return f"{_STYLE}<div class='raytpu-dash'><b>Summary</b><table>{body}</table></div>"
+        return self.view.text()
 
     def static_figure(self, max_points: int = STATIC_POINTS) -> go.Figure:
-        """The charts as a plain plotly figure; a dropdown (plotly's own) picks the metric.
-
-        Args:
-            max_points: Points in all traces together (each trace keeps at most 2,000).
-        """
+        """The charts as a plain plotly figure (:meth:`RunView.static_figure`)."""
         with self._lock:
-            fig = self._base_figure()
-            ranks = sorted(self._rows)
-            all_rows = [r for rows in self._rows.values() for r in rows]
-            keys = [k for k in numeric_keys(all_rows) if k not in (*_FIXED, "step")] or [self._key]
-            first = self._key if self._key in keys else keys[0]
-            per_trace = max(20, min(2000, max_points // max(1, len(ranks) * (len(keys) + 2))))
-            for key in keys:
-                for rank, (x, y) in self._series(key, per_trace).items():
-                    fig.add_trace(go.Scatter(x=_short(x), y=_short(y), mode="lines",
-                                             name=f"rank {rank}", legendgroup=f"rank {rank}",
-                                             visible=key == first, showlegend=True, meta=key,
-                                             line={"color": PALETTE[rank % len(PALETTE)]}),
-                                  row=1, col=1)
-            for col, key in enumerate(_FIXED, start=2):
-                for rank, (x, y) in self._series(key, per_trace).items():
-                    fig.add_trace(go.Scatter(x=_short(x), y=_short(y), mode="lines",
-                                             name=f"rank {rank}", legendgroup=f"rank {rank}",
-                                             showlegend=False, meta=key,
-                                             line={"color": PALETTE[rank % len(PALETTE)]}),
-                                  row=1, col=col)
-            fig.layout.annotations[0].text = first
-            n_fixed = len(_FIXED) * len(ranks)
-            if len(keys) > 1:
-                buttons = []
-                for key in keys:
-                    visible = [k == key for k in keys for _ in ranks] + [True] * n_fixed
-                    buttons.append({"label": key, "method": "update",
-                                    "args": [{"visible": visible},
-                                             {"annotations[0].text": key}]})
-                # left of the title row, above the subplot titles: it covers no label
-                fig.update_layout(updatemenus=[{"buttons": buttons, "x": 1.0, "y": 1.2,
-                                                "xanchor": "right", "yanchor": "bottom",
-                                                "active": keys.index(first)}])
-            return fig
+            return self.view.static_figure(max_points)
 
     def static_svg(self) -> str:
-        """The chart as an SVG image (the chosen metric, step time, throughput; every rank)."""
+        """The chart as an SVG image (:meth:`RunView.static_svg`)."""
         with self._lock:
-            key = self._key if any(self._series(self._key, 2).values()) else next(
-                (k for k in numeric_keys([r for rows in self._rows.values() for r in rows])
-                 if k not in _FIXED), self._key)
-            panels = [(k if k == key else _TITLES.get(k, k), self._series(k, _SVG_POINTS))
-                      for k in (key, *_FIXED)]
-            return render_chart_svg(self.text(), panels, xlabel=self._xlabel())
+            return self.view.static_svg()
 
     def static_chart_bundle(self) -> dict[str, Any]:
         """``{plotly JSON, image/svg+xml, text/plain}`` of the chart: small, safe, no script."""
-        fig = json.loads(self.static_figure().to_json())
-        fig.get("layout", {}).pop("template", None)  # ~10 KB of styling plotly.js has anyway
-        fig["config"] = {"displaylogo": False, "responsive": True}
-        return {PLOTLY_MIME: fig, "image/svg+xml": self.static_svg(), "text/plain": self.text()}
+        with self._lock:
+            return self.view.static_chart_bundle()
 
     def static_tables_bundle(self) -> dict[str, str]:
         """Status, errors, placement, summary and logs as script-free HTML + ``text/plain``."""
         return {"text/html": self.static_html(chart=False), "text/plain": self.text()}
 
     def static_html(self, *, chart: bool = True) -> str:
-        """Everything as one script-free HTML fragment; the chart (if ``chart``) as an ``<img>``
-        of :meth:`static_svg` (JupyterLab's sanitizer keeps it in untrusted notebooks)."""
+        """Everything as one script-free HTML fragment (:meth:`RunView.static_html`)."""
         with self._lock:
-            parts = [_STYLE, "<div class='raytpu-dash'>",
-                     f"<div><b>{html.escape(self.text())}</b></div>"]
-            if self._errors:
-                parts.append(self._errors_html())
-            if chart and self._rows:
-                parts.append(_img(self.static_svg(), "metrics of every rank"))
-            parts += ["<b>Placement</b>", self._placement_html(), self._summary_html(),
-                      "<b>Logs</b> (last lines per rank)"]
-            for rank in self._logs.ranks:
-                parts.append(f"<details><summary>{html.escape(self._log_title(rank))}</summary>"
-                             f"{_pre(self._logs.tail(rank))}</details>")
-            parts.append("</div>")
-            return "".join(parts)
+            return self.view.static_html(chart=chart)
 
 
 def _default_key(keys: list[str]) -> str:
@@ -530,22 +387,3 @@ def _default_key(keys: list[str]) -> str:
         return "loss"
     return next((k for k in keys if "loss" in k), None) or next(
         (k for k in keys if k not in ("step", "epoch", "report", *_FIXED)), keys[0])
-
-
-def _short(values: list[float]) -> list[float]:
-    """6 significant digits: the saved JSON stays small."""
-    return [v if v == int(v) else float(f"{v:.6g}") for v in values]
-
-
-def _img(svg: str, alt: str) -> str:
-    return svg_img(svg, alt)
-
-
-def _pre(lines: list[tuple[str, str]]) -> str:
-    return "<pre>" + "\n".join(
-        f"<span class='raytpu-err'>{html.escape(t)}</span>" if s == "stderr" else html.escape(t)
-        for s, t in lines) + "</pre>"
-
-
-def _pre_text(text: str) -> str:
-    return f"<pre>{html.escape(text)}</pre>"

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page
 
+from raytpu_lab.tpu.topology import SliceShape
+from raytpu_lab.train.result import RunResult
 from raytpu_lab.train.run import RunUpdate
 from raytpu_lab.widgets import run_chart
 from raytpu_lab.widgets.run_dashboard import RunDashboard
@@ -66,9 +68,13 @@ def _open(browser, dash: RunDashboard) -> tuple[Page, ChartBridge]:  # noqa: F81
 
 
 def _report(dash: RunDashboard, step: int, ranks: int = 4, **metrics: float) -> None:
-    dash.on_update(RunUpdate(step * 0.1, records=[
+    """One round of reports, folded into the run's result first as the drain thread does."""
+    if dash.result is None:
+        dash.result_for_tests = RunResult(dash.title, SliceShape.of("v6e", "4x4"), 1)
+    result = dash.result or dash.result_for_tests
+    dash.on_update(result.absorb(RunUpdate(step * 0.1, records=[
         {"report": step, "rank": r, "time_s": step * 0.1, "step": step,
-         **{k: v + r for k, v in metrics.items()}} for r in range(ranks)]))
+         **{k: v + r for k, v in metrics.items()}} for r in range(ranks)])))
 
 
 def _paths(page: Page) -> list[list[str]]:

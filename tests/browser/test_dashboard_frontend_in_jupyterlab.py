@@ -52,20 +52,21 @@ def fake_run(name, reports, key, counter="step", ranks=2, period_s=0.2, warmup_s
     """A dashboard fed like a run's drain thread feeds it; frozen at the end like a run."""
     d = RunDashboard(name)
     d.show()
+    result = RunResult(name, SliceShape.of("v4", "2x2x2"), 1)  # the one accumulator, as in a run
     def feed():
         t0 = time.monotonic()
         time.sleep(warmup_s)  # workers start, JAX compiles...
-        d.on_update(RunUpdate(0.5, slices=["tpu-v4-2x2x2-0"], workers=[
+        d.on_update(result.absorb(RunUpdate(0.5, slices=["tpu-v4-2x2x2-0"], workers=[
             {"rank": r, "slice": "tpu-v4-2x2x2-0", "worker_id": r, "host": f"10.0.0.{r + 1}",
-             "node_id": "ab" * 28, "chips": [0, 1, 2, 3]} for r in range(ranks)]))
+             "node_id": "ab" * 28, "chips": [0, 1, 2, 3]} for r in range(ranks)])))
         for i in range(reports):
             time.sleep(period_s)
             now = time.monotonic() - t0
-            d.on_update(RunUpdate(now, records=[
+            d.on_update(result.absorb(RunUpdate(now, records=[
                 {"report": i, "rank": r, "time_s": now, counter: i, key: 1.0 / (i + 1) + 0.01 * r}
-                for r in range(ranks)], logs=[(r, "stdout", f"rank {r} {counter} {i}") for r in range(ranks)]))
-        d.on_end(RunResult(name, SliceShape.of("v4", "2x2x2"), 1, wall_s=time.monotonic() - t0,
-                           slice_names=["tpu-v4-2x2x2-0"]))
+                for r in range(ranks)], logs=[(r, "stdout", f"rank {r} {counter} {i}") for r in range(ranks)])))
+        result.wall_s = time.monotonic() - t0
+        d.on_end(result)
         d.freeze()
     threading.Thread(target=feed, daemon=True).start()
     return d

@@ -21,11 +21,13 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def _chart_output(name: str) -> nbformat.NotebookNode:
     dash = RunDashboard(name, live=False)
+    result = RunResult(name, SliceShape.of("v4", "2x2x2"), 1)  # what the run's stream fills
     for step in range(30):
-        dash.on_update(RunUpdate(float(step), records=[
+        dash.on_update(result.absorb(RunUpdate(float(step), records=[
             {"report": step, "rank": r, "time_s": float(step), "step": step, "loss": 1 / (step + 1)}
-            for r in range(2)]))
-    dash.on_end(RunResult(name, SliceShape.of("v4", "2x2x2"), 1, wall_s=30.0))
+            for r in range(2)])))
+    result.wall_s = 30.0
+    dash.on_end(result)
     return nbformat.v4.new_output("display_data", data=dash.static_chart_bundle())
 
 

@@ -27,7 +27,6 @@ def test_reserve_arguments() -> None:
 
 @pytest.mark.parametrize("argv", [["bogus"], ["reserve", "4x4"], ["up", "--slices", "two"],
                                   ["jax", "--slices", "two"], ["run"], ["attach"],
-                                  ["torch", "--topology", "2x2x2"],
                                   ["torch", "--topology", "2x2x2", "--version", "v5p",
                                    "--backend", "nccl"]])
 def test_bad_arguments_raise_usage_error(argv: list[str]) -> None:

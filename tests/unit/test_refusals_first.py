@@ -15,6 +15,7 @@ from IPython.utils.capture import capture_output
 import raytpu_lab.lab as lab_module
 import raytpu_lab.magics as magics_module
 from raytpu_lab.lab import Lab
+from raytpu_lab.train.service import Runs
 
 BODY = "ran_the_cell = True\ndef f(config):\n    pass\n"
 
@@ -39,8 +40,10 @@ def contacted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             return real(*args, **kwargs)
         return call
 
-    for name in ("_require_connection", "snapshot", "_start_run", "_wait_for_idle"):
+    for name in ("_require_connection", "snapshot"):
         monkeypatch.setattr(Lab, name, spy(name, getattr(Lab, name)))
+    for name in ("start", "_wait_for_idle"):  # the run service: launching anything
+        monkeypatch.setattr(Runs, name, spy(name, getattr(Runs, name)))
     for name in ("probe", "connect", "default_address"):  # reaching for a cluster
         monkeypatch.setattr(lab_module, name, spy(name, getattr(lab_module, name)))
     monkeypatch.setattr(magics_module, "RunDashboard", spy("dashboard", magics_module.RunDashboard))
@@ -81,6 +84,9 @@ def _run(ip, source: str):
      "The cell raised ValueError: top of the cell (line 1)"),
     ("torch --topology 2x2x2 --version v5p --chips-per-worker 3", BODY, "chips"),
     ("torch --topology 4x5 --version v6e", BODY, "--topology 4x4 --version v6e"),
+    ("torch --topology 2x2x2", BODY, "raytpu torch: --topology and --version are required"),
+    ("torch --reservation ghost", BODY, "No reservation named 'ghost'"),
+    ("torch --topology 2x2x2 --version v5p --profile 3:1", BODY, "Profile window 3:1"),
 ])
 def test_a_bad_training_cell_is_refused_before_anything(ip, contacted: list[str], line: str,
                                                         body: str, needle: str) -> None:

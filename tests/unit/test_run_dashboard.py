@@ -1,10 +1,15 @@
 """The run dashboard fed with synthetic updates (no Ray, no kernel): throttled redraws, capped log
 panes, placement and error views, Stop callback errors shown in the widget, the live chart's
-wire protocol and traffic, the static bundles a finished run leaves, and collectability."""
+wire protocol and traffic, the static bundles a finished run leaves, and collectability.
+
+Each update is folded into the run's one :class:`RunResult` first (``_feed``), as a run's drain
+thread does; the dashboard draws from that result."""
 
 from __future__ import annotations
 
 import time
+import weakref
+from typing import Any
 
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.result import RunResult
@@ -12,6 +17,27 @@ from raytpu_lab.train.run import RunUpdate
 from raytpu_lab.widgets.run_dashboard import RunDashboard
 
 SHAPE = SliceShape.of("v6e", "4x4")
+_RESULTS: weakref.WeakKeyDictionary[RunDashboard, RunResult] = weakref.WeakKeyDictionary()
+
+
+def _result(dash: RunDashboard) -> RunResult:
+    if dash not in _RESULTS:
+        _RESULTS[dash] = RunResult(dash.title, SHAPE, 1)
+    return _RESULTS[dash]
+
+
+def _feed(dash: RunDashboard, update: RunUpdate) -> None:
+    """What a run's drain thread does: fold the update into the result, hand it over."""
+    dash.on_update(_result(dash).absorb(update))
+
+
+def _end(dash: RunDashboard, **fields: Any) -> RunResult:
+    """The run ends with ``fields`` (error, wall_s...) set on its result."""
+    result = _result(dash)
+    for key, value in fields.items():
+        setattr(result, key, value)
+    dash.on_end(result)
+    return result
 
 
 def _placement(rank: int) -> dict:
@@ -27,11 +53,11 @@ def _records(step: int, t: float) -> list[dict]:
 
 def test_fast_reports_redraw_at_most_twice_a_second() -> None:
     dash = RunDashboard("fast", redraw_interval_s=0.5)
-    dash.on_update(RunUpdate(0.1, workers=[_placement(r) for r in range(4)], slices=["tpu-v6e-4x4-0"]))
+    _feed(dash, RunUpdate(0.1, workers=[_placement(r) for r in range(4)], slices=["tpu-v6e-4x4-0"]))
     start = time.monotonic()
     step = 0
     while time.monotonic() - start < 1.2:  # ~hundreds of report batches in 1.2 s
-        dash.on_update(RunUpdate(time.monotonic() - start, records=_records(step, step * 0.01)))
+        _feed(dash, RunUpdate(time.monotonic() - start, records=_records(step, step * 0.01)))
         step += 1
     assert step > 50
     assert 1 <= dash.redraws <= 4, dash.redraws
@@ -42,11 +68,11 @@ def test_fast_reports_redraw_at_most_twice_a_second() -> None:
 
 def test_loud_workers_keep_the_page_small() -> None:
     dash = RunDashboard("loud", max_log_lines=200, log_interval_s=0.0)
-    dash.on_update(RunUpdate(0.1, workers=[_placement(r) for r in range(16)]))
+    _feed(dash, RunUpdate(0.1, workers=[_placement(r) for r in range(16)]))
     for batch in range(30):  # 16 workers x 30 batches x 100 lines
         logs = [(r, "stdout", f"rank {r} batch {batch} line {i} " + "x" * 60)
                 for r in range(16) for i in range(100)]
-        dash.on_update(RunUpdate(batch, logs=logs))
+        _feed(dash, RunUpdate(batch, logs=logs))
     assert len(dash.log_panes.children) == 16
     assert all(p.value == "" for p in dash.log_panes.children)  # closed panes are never sent
     assert dash.log_panes.titles[5].startswith("rank 5 10.0.0.6 - 3000 lines, last 200 shown")
@@ -58,15 +84,14 @@ def test_loud_workers_keep_the_page_small() -> None:
 
 def test_worker_error_is_shown_with_rank_host_and_traceback() -> None:
     dash = RunDashboard("boom")
-    dash.on_update(RunUpdate(1.0, workers=[_placement(r) for r in range(4)]))
-    dash.on_update(RunUpdate(2.0, errors=[{
+    _feed(dash, RunUpdate(1.0, workers=[_placement(r) for r in range(4)]))
+    _feed(dash, RunUpdate(2.0, errors=[{
         "kind": "error", "rank": 2, "host": "10.0.0.3", "node_id": "n", "slice": "tpu-v6e-4x4-0",
         "worker_id": 2, "error": "ValueError: bad batch",
         "traceback": "Traceback (most recent call last):\n  File \"cell\", line 3\nValueError: bad batch"}]))
     assert "rank 2 on host 10.0.0.3" in dash.message.value
     assert "line 3" in dash.message.value
-    result = RunResult("boom", SHAPE, 1, error="rank 2 ...", wall_s=3.0)
-    dash.on_end(result)
+    _end(dash, error="rank 2 ...", wall_s=3.0)
     assert dash.stop_button.disabled
     assert "failed" in dash.text()
 
@@ -90,17 +115,16 @@ def test_an_exception_in_the_stop_callback_is_shown_in_the_widget() -> None:
 def _finished(name: str = "static", ranks: int = 4, steps: int = 20, keys=("loss", "acc"),
               live: bool = True) -> RunDashboard:
     dash = RunDashboard(name, live=live)
-    dash.on_update(RunUpdate(0.5, workers=[_placement(r) for r in range(ranks)],
+    _feed(dash, RunUpdate(0.5, workers=[_placement(r) for r in range(ranks)],
                              slices=["tpu-v6e-4x4-0"],
                              logs=[(0, "stdout", "hello <b>"), (1, "stderr", "warn")]))
     for step in range(steps):
-        dash.on_update(RunUpdate(step, records=[
+        _feed(dash, RunUpdate(step, records=[
             {"report": step, "rank": r, "time_s": float(step), "step": step,
              **{k: 1.0 / (step + 1) + 0.001 * r * i for i, k in enumerate(keys)}}
             for r in range(ranks)]))
-    result = RunResult(name, SHAPE, 1, wall_s=21.0, storage_path="/tmp/ray_results/static",
-                       slice_names=["tpu-v6e-4x4-0"])
-    dash.on_end(result)
+    _end(dash, wall_s=21.0, storage_path="/tmp/ray_results/static",
+         slice_names=["tpu-v6e-4x4-0"])
     return dash
 
 
@@ -216,7 +240,7 @@ def test_live_chart_sends_only_new_points_and_stays_under_500_kb() -> None:
     assert sent[-1]["type"] == "full" and sent[-1]["series"]["loss"] == {}
     for step in range(3000):  # a long run: 8 ranks, 10 reports/s for 5 minutes
         clock[0] = step * 0.1
-        dash.on_update(RunUpdate(step * 0.1, records=[
+        _feed(dash, RunUpdate(step * 0.1, records=[
             {"report": step, "rank": r, "time_s": step * 0.1, "step": step, "loss": 1 / (step + 1)}
             for r in range(8)]))
     kinds = [m["type"] for m in sent]
@@ -229,7 +253,7 @@ def test_live_chart_sends_only_new_points_and_stays_under_500_kb() -> None:
             xs = view["series"][panel][rank][0]
             assert xs == sorted(set(xs)) and len(xs) <= 200  # no duplicate, bounded
             assert xs[-1] >= 2900
-    dash.on_end(RunResult("feed", SHAPE, 1, wall_s=300.0))  # the final push
+    _end(dash, wall_s=300.0)  # the final push
     newest = [sent[-1]["tail"].get("loss", [None])[0],
               *sent[-1]["series"].get("loss", {}).get("0", [[None]])[0][-1:]]
     assert 2999 in newest  # the newest point is always drawn
@@ -240,7 +264,7 @@ def test_epoch_only_run_charts_its_metric_against_reports() -> None:
     dash = RunDashboard("epochs", redraw_interval_s=0.0)
     sent = _chart_feed(dash)
     for e in range(5):
-        dash.on_update(RunUpdate(float(e), records=[
+        _feed(dash, RunUpdate(float(e), records=[
             {"report": e, "rank": r, "time_s": float(e), "epoch": e, "val_loss": 1 / (e + 1)}
             for r in range(2)]))
     assert dash.chart.key == "val_loss" and dash.chart.xlabel == "report"
@@ -252,7 +276,7 @@ def test_epoch_only_run_charts_its_metric_against_reports() -> None:
 def test_picking_a_metric_in_the_view_resends_that_metric() -> None:
     dash = RunDashboard("pick", redraw_interval_s=0.0)
     sent = _chart_feed(dash)
-    dash.on_update(RunUpdate(1.0, records=_records(0, 0.0) + _records(1, 1.0)))
+    _feed(dash, RunUpdate(1.0, records=_records(0, 0.0) + _records(1, 1.0)))
     dash.chart.key = "acc"  # what the view's <select> sets
     assert sent[-1]["type"] == "full" and sent[-1]["panels"][0] == "acc"
     assert dash._key == "acc"
@@ -280,9 +304,9 @@ def test_closed_maps_and_dashboards_are_collected_and_the_refresher_ends() -> No
         del m
     for i in range(50):
         d = RunDashboard(f"d{i}")
-        d.on_update(RunUpdate(1.0, workers=[_placement(0)], records=_records(0, 0.0),
+        _feed(d, RunUpdate(1.0, workers=[_placement(0)], records=_records(0, 0.0),
                               logs=[(0, "stdout", "x")]))
-        d.on_end(RunResult(f"d{i}", SHAPE, 1, wall_s=1.0))
+        _end(d, wall_s=1.0)
         refs.append(weakref.ref(d))
         d.freeze()
         del d
@@ -297,9 +321,25 @@ def test_closed_maps_and_dashboards_are_collected_and_the_refresher_ends() -> No
 
 def test_a_run_reporting_only_epoch_says_reports_not_zero_steps() -> None:
     dash = RunDashboard("epochs", redraw_interval_s=0.0)
-    dash.on_update(RunUpdate(0.1, workers=[_placement(0)]))
+    _feed(dash, RunUpdate(0.1, workers=[_placement(0)]))
     rows = [{"report": i, "rank": 0, "time_s": 2.0 * i, "epoch": i, "loss": 1.0} for i in range(5)]
-    dash.on_update(RunUpdate(8.0, records=rows))
+    _feed(dash, RunUpdate(8.0, records=rows))
     assert "5 reports, 0.50 reports/s" in dash.text(), dash.text()
-    dash.on_update(RunUpdate(9.0, records=[{**_records(3, 10.0)[0], "report": 5}]))
+    _feed(dash, RunUpdate(9.0, records=[{**_records(3, 10.0)[0], "report": 5}]))
     assert "4 steps" in dash.text(), dash.text()
+
+
+def test_the_dashboard_reads_the_runs_result_and_keeps_no_copy() -> None:
+    dash = RunDashboard("one", live=False)
+    _feed(dash, RunUpdate(1.0, workers=[_placement(0)], records=_records(0, 0.0),
+                          logs=[(0, "stdout", "hi")]))
+    result = _result(dash)
+    assert dash.result is result
+    result.records.append({"report": 1, "rank": 0, "time_s": 2.0, "step": 1, "loss": 0.5})
+    assert "2 steps" in dash.text()  # drawn from the result, not from a second fold
+    try:
+        dash.on_update(RunUpdate(2.0))
+    except ValueError as err:
+        assert "absorb" in str(err)
+    else:
+        raise AssertionError("an update folded into no result was taken")

@@ -34,7 +34,8 @@ def tapped(monkeypatch: pytest.MonkeyPatch):
 
 
 def _kinds(events: _ListQueue) -> list[str]:
-    return [row["kind"] for item in events.items for row in item]
+    assert all(item["kind"] == "tap" for item in events.items)
+    return [row["kind"] for item in events.items for row in item["rows"]]
 
 
 def test_summary_follows_the_function_with_the_rank(tapped) -> None:
@@ -42,7 +43,8 @@ def test_summary_follows_the_function_with_the_rank(tapped) -> None:
     wrapped = tap(lambda config: config["x"] * 2, worker_summary=lambda: {"xla_compile_count": 5})
     assert wrapped({"x": 21}) == 42
     assert _kinds(events) == ["placement", "summary"]
-    assert events.items[1] == [{"xla_compile_count": 5, "kind": "summary", "rank": 3}]
+    assert events.items[1] == {"kind": "tap", "rows": [
+        {"kind": "summary", "rank": 3, "summary": {"xla_compile_count": 5}}]}
 
 
 def test_summary_is_sent_after_the_error_and_a_failing_summary_masks_nothing(tapped) -> None:

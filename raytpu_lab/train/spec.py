@@ -1,0 +1,149 @@
+"""What a training run asks for, and every check of it that needs no cluster. Pure: no Ray.
+
+A :class:`RunSpec` names the trainer (``"jax"``: ``JaxTrainer``, one worker per host;
+``"torch"``: ``TorchTrainer``, one worker per chip), the slices, the function and its config, the
+reservation to run on and the steps to profile. :func:`validate` makes every check that needs no
+cluster, in the order a user fixes them (shape, slice count, profile window, config, function),
+and returns a :class:`CheckedRun`; :class:`raytpu_lab.train.service.Runs` starts only checked runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from raytpu_lab.errors import RaytpuError, TrainingConfigError
+from raytpu_lab.tpu.topology import SliceShape
+from raytpu_lab.train.profile import ProfileWindow, parse_profile_window
+from raytpu_lab.train.torch_checks import (
+    check_backend,
+    check_torch_versions,
+    installed_versions,
+    workers_per_run,
+)
+from raytpu_lab.train.worker_tap import accepts_config, check_names
+
+__all__ = ["CheckedRun", "ProfileArg", "RunSpec", "TRAINER_KINDS", "TrainerKind", "validate"]
+
+TrainerKind = Literal["jax", "torch"]
+TRAINER_KINDS: tuple[TrainerKind, ...] = get_args(TrainerKind)
+ProfileArg = str | tuple[int, int] | ProfileWindow
+"""A profile window as users write it: ``"START:STOP"``, ``(start, stop)`` or a window."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run as asked, before any check.
+
+    Attributes:
+        trainer: ``"jax"`` or ``"torch"``.
+        topology: Slice topology, e.g. ``"4x4"``.
+        version: Accelerator version, e.g. ``"v6e"``.
+        train_fn: The per-worker function ``f(config)`` or ``f()``; ``None`` to check
+            everything else (a cell magic checks the shape before it runs the cell).
+        slices: Slices to train on (multi-slice when > 1).
+        name: Run name; ``<trainer>-<HHMMSS>`` when ``None``.
+        config: ``train_loop_config`` (a dict or ``None``).
+        reservation: Run on exactly this reservation's slices.
+        profile: Steps to trace on every worker (see :mod:`raytpu_lab.train.profile`).
+        storage_path: Ray Train storage for checkpoints, results and traces.
+        wait_s: Seconds to wait for idle slices (or, with ``reservation``, for the run to land).
+        backend: Torch only: process-group backend (``"xla"``, ``"tpu_dist"``, ``"gloo"``).
+        chips_per_worker: Torch only: TPU chips per worker.
+    """
+
+    trainer: TrainerKind
+    topology: str
+    version: str
+    train_fn: Callable[..., Any] | None = None
+    slices: int = 1
+    name: str | None = None
+    config: Any = None
+    reservation: str | None = None
+    profile: ProfileArg | None = None
+    storage_path: str | None = None
+    wait_s: float = 60.0
+    backend: str | None = None
+    chips_per_worker: int = 1
+
+
+@dataclass(frozen=True)
+class CheckedRun:
+    """A :class:`RunSpec` that passed :func:`validate`, with what the checks derived.
+
+    Attributes:
+        spec: The run as asked.
+        shape: The slice shape.
+        window: The profile window, or ``None``.
+        num_workers: Ray Train workers (hosts x slices for JAX, chips x slices / chips per
+            worker for torch).
+    """
+
+    spec: RunSpec
+    shape: SliceShape
+    window: ProfileWindow | None
+    num_workers: int
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        """The validated ``train_loop_config``."""
+        config: dict[str, Any] | None = self.spec.config
+        return config
+
+    def run_name(self) -> str:
+        """The spec's name, else ``<trainer>-<HHMMSS>`` (now)."""
+        return self.spec.name or f"{self.spec.trainer}-{time.strftime('%H%M%S')}"
+
+
+def validate(spec: RunSpec) -> CheckedRun:
+    """Every check of ``spec`` that needs no cluster; contacts nothing and starts nothing.
+
+    Returns:
+        The checked run.
+
+    Raises:
+        InvalidTopologyError: Bad generation or topology (``.nearest``: valid ones nearby).
+        RaytpuError: ``slices`` is not a finite number above 0, or ``trainer`` is none of
+            :data:`TRAINER_KINDS`.
+        TrainingConfigError: A bad profile window or config; for torch, torch/torch_xla missing
+            or mismatched, a bad backend or chips per worker not dividing a host's chips; a
+            function Ray Train cannot call, or one that reads a name defined nowhere (see
+            :func:`~raytpu_lab.train.worker_tap.check_names`).
+    """
+    if spec.trainer not in TRAINER_KINDS:
+        raise RaytpuError(f"No trainer {spec.trainer!r}.",
+                          fix=f"Use one of {', '.join(TRAINER_KINDS)}.")
+    shape = SliceShape.of(spec.version, spec.topology)
+    _require_positive("slices", spec.slices)
+    window = parse_profile_window(spec.profile) if spec.profile is not None else None
+    _require_config_dict(spec.config)
+    if spec.trainer == "torch":
+        check_torch_versions(*installed_versions())
+        check_backend(spec.backend)
+        num_workers = workers_per_run(shape, spec.slices, spec.chips_per_worker)
+    else:
+        num_workers = shape.num_hosts * spec.slices
+    if spec.train_fn is not None:
+        accepts_config(spec.train_fn)
+        check_names(spec.train_fn)
+    return CheckedRun(spec, shape, window, num_workers)
+
+
+def _require_config_dict(config: Any) -> None:
+    if config is not None and not isinstance(config, dict):
+        raise TrainingConfigError(
+            f"The training config is a {type(config).__name__}, not a dict.",
+            why="Ray Train passes train_loop_config to the function as a dict.",
+            fix="Pass a dict, e.g. --config \"{'steps': 100}\".")
+
+
+def _require_positive(option: str, value: float) -> None:
+    # nan and inf refused too: a wait must end. (lab.py keeps its own copy for its non-run
+    # options until the session helpers move there.)
+    if not (value > 0 and math.isfinite(value)):
+        raise RaytpuError(f"--{option} {value} is not allowed.",
+                          why=f"{option} must be a finite number above 0.",
+                          fix=f"Pass a positive --{option}.")
