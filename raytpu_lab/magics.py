@@ -39,8 +39,7 @@ from raytpu_lab.errors import (
 )
 from raytpu_lab.lab import get_lab
 from raytpu_lab.tpu.topology import SliceShape
-from raytpu_lab.train.result import RunResult
-from raytpu_lab.train.run import RunHandle, RunUpdate
+from raytpu_lab.train.run import RunHandle
 from raytpu_lab.widgets.profile_view import ProfileView
 from raytpu_lab.widgets.run_dashboard import RunDashboard
 from raytpu_lab.widgets.xla_view import XlaMetricsView
@@ -514,11 +513,12 @@ class RaytpuMagics(Magics):
             # controller happen in the run's own thread, so the cell returns now.
             get_lab().require_connection(f"launch run {title!r}")
             dashboard = RunDashboard(title)
-            ended = _FreezesWhenEnded(dashboard)  # nobody may call wait(): freeze at the end
             run = WatchedRun.launching(
-                lambda on_launch: start(listener=ended, on_launch=on_launch),
+                lambda on_launch: start(listener=dashboard, on_launch=on_launch),
                 dashboard, dashboard.show()[0])
-            ended.run = run
+            # Nobody may call wait(): the run freezes its view itself when it ends, as a
+            # blocking cell does when its wait ends.
+            dashboard.after_end = run._freeze
             dashboard.on_stop = run.stop
             self._shell.user_ns[args.out] = run
             print(f"Run {title!r} submitted in the background: `{args.out}.wait()`, "
@@ -878,24 +878,6 @@ class WatchedRun:
             state = "failed to start" if self._launched.is_set() else "starting"
             return f"WatchedRun({self.dashboard.title!r}, {state})"
         return f"WatchedRun({self._handle!r})"
-
-
-class _FreezesWhenEnded:
-    """The run listener of a ``--background`` run: the dashboard's, and at the run's end its
-    :class:`WatchedRun` freezes (static chart and tables in place of the widget), as a blocking
-    cell does when its wait ends."""
-
-    def __init__(self, dashboard: RunDashboard) -> None:
-        self.dashboard = dashboard
-        self.run: WatchedRun | None = None
-
-    def on_update(self, update: RunUpdate) -> None:
-        self.dashboard.on_update(update)
-
-    def on_end(self, result: RunResult) -> None:
-        self.dashboard.on_end(result)
-        if self.run is not None:
-            self.run._freeze()
 
 
 def _await_run_cells(lines: list[str]) -> list[str]:

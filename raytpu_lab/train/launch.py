@@ -118,7 +118,7 @@ def start_jax(
                 use_tpu=True, topology=shape.topology, accelerator_type=shape.accelerator_type,
                 num_workers=shape.num_hosts * num_slices),
             run_config=RunConfig(name=name, storage_path=storage_path,
-                                 callbacks=callbacks),  # type: ignore[arg-type]
+                                 callbacks=callbacks),
         )
 
     return start_run(make_trainer, shape, name=name, num_slices=num_slices, train_fn=train_fn,

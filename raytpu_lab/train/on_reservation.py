@@ -168,7 +168,7 @@ class SliceLoan:
 
 def _free_chips(res: Reservation) -> None:
     if res.handle is not None:
-        res.handle.shutdown()
+        res.handle.shutdown()  # type: ignore[no-untyped-call]
     if res.adopted_group is not None:
         _remove_quietly(res.adopted_group)
         res.adopted_group = None

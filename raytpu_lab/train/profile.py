@@ -23,7 +23,7 @@ The window is checked before anything starts (:func:`parse_profile_window`); a w
 never reached is reported after the run (:mod:`raytpu_lab.train.profile_analysis`).
 
 PyTorch/XLA runs (``tracer="torch_xla"``) trace the same window with ``torch_xla.debug.profiler``
-(``start_trace``/``stop_trace``, a ``Trace`` with ``step_num`` around each step): the same rank
+(``start_trace``/``stop_trace``, a ``TraceMe`` step event with ``step_num`` around each step): the same rank
 folders, ``steps.json`` and ``.xplane.pb`` files. What that trace holds is what torch_xla's
 profiler session records in the worker process: its client-side events (lazy-tensor tracing,
 graph compilation and execution, host <-> device transfers) and, on TPUs, the device activity.
@@ -262,17 +262,19 @@ class _JaxTrace:
         import jax
 
         self._jax = jax
-        self._listener: Callable[..., None] | None = None
+        self._listeners: list[Callable[..., None]] = []
 
     def listen(self, on_event: Callable[..., None]) -> None:
-        self._listener = on_event
+        self._listeners.append(on_event)
         self._jax.monitoring.register_event_duration_secs_listener(on_event)
 
     def unlisten(self) -> None:
-        try:
-            self._jax.monitoring.unregister_event_duration_listener(self._listener)
-        except (AssertionError, ValueError):
-            pass
+        for on_event in self._listeners:
+            try:
+                self._jax.monitoring.unregister_event_duration_listener(on_event)
+            except (AssertionError, ValueError):
+                pass
+        self._listeners.clear()
 
     def start(self, local_dir: str) -> None:
         # Python tracing off: it multiplies the trace size by ~10 and XProf's op tables,
@@ -282,7 +284,7 @@ class _JaxTrace:
         self._jax.profiler.start_trace(local_dir, profiler_options=options)
 
     def stop(self) -> None:
-        self._jax.profiler.stop_trace()
+        self._jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
 
     def step(self, name: str, step: int) -> Any:
         return self._jax.profiler.StepTraceAnnotation(name, step_num=step)
@@ -298,9 +300,11 @@ class _TorchXlaTrace:
     name: Tracer = "torch_xla"
 
     def __init__(self) -> None:
+        import torch_xla
         import torch_xla.debug.profiler as xp
 
         self._xp = xp
+        self._trace_me = torch_xla._XLAC.profiler.TraceMe  # type: ignore[attr-defined]
 
     def listen(self, on_event: Callable[..., None]) -> None:
         pass
@@ -315,13 +319,14 @@ class _TorchXlaTrace:
         self._xp.stop_trace()
 
     def step(self, name: str, step: int) -> Any:
-        # xp.StepTrace would also call torch_xla.sync() when the step ends, cutting the user's
-        # graph where a report returns; a Trace with step_num marks the step the same way
-        # (``_r=1``: a TraceMe at the root level, as StepTrace makes) and changes nothing.
-        return self._xp.Trace(name, _r=1, step_num=step)
+        # A bare TraceMe, not xp.StepTrace or xp.Trace: those also push an IR scope, and the
+        # user's torch_xla.sync() inside the step then fails ("Expecting scope to be empty");
+        # StepTrace would also sync when the step ends, cutting the user's graph. ``_r=1`` marks
+        # a step event at the root level, as StepTrace does, so XProf finds the steps.
+        return self._trace_me(name, _r=1, step_num=step)
 
     def annotation(self, name: str) -> Any:
-        return self._xp.Trace(name)
+        return self._trace_me(name)
 
 
 def _copy_to_storage(local_dir: str, storage: Any, relative: str) -> None:

@@ -155,7 +155,10 @@ def step_breakdown(host: HostTrace) -> list[StepBreakdown]:
     :class:`StepBreakdown`), from the step, compile, report and XLA op events of its trace."""
     events = _x_events(host.trace)
     device_pids = {p for p, n in _process_names(host.trace).items() if n.startswith("/device:")}
-    span = lambda e: (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))  # noqa: E731
+
+    def span(e: dict[str, Any]) -> tuple[float, float]:
+        return float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))
+
     steps = [e for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)
              and "step_num" in e.get("args", {})]
     compiles = _union(span(e) for e in events if e.get("name") == COMPILE_EVENT)

@@ -63,8 +63,8 @@ def _start_jax(run: CheckedRun, name: str, *, snapshot: Callable[[], ClusterSnap
 
 def _start_torch(run: CheckedRun, name: str, *, snapshot: Callable[[], ClusterSnapshot],
                  **kwargs: Any) -> RunHandle:
-    assert run.spec.train_fn is not None
     s = run.spec
+    assert s.train_fn is not None
     return start_torch(s.train_fn, run.shape, name=name, num_slices=s.slices, config=run.config,
                        backend=s.backend, chips_per_worker=s.chips_per_worker,
                        emulated=is_emulated(snapshot(), run.shape), storage_path=s.storage_path,

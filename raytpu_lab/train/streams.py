@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,14 +107,14 @@ class Throttle:
         return False
 
 
-def placement_table(workers: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def placement_table(workers: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Placement rows (one per rank, as the worker tap sends them) -> table rows sorted by rank.
 
     Each row has :data:`PLACEMENT_COLUMNS`; ``chips`` becomes a comma-separated string and
     ``node_id`` keeps its first 12 hex digits (as Ray's dashboard shows it). A rank seen twice (a
     worker group restarted by Ray Train) keeps its latest row.
     """
-    latest: dict[int, dict[str, Any]] = {}
+    latest: dict[int, Mapping[str, Any]] = {}
     for w in workers:
         latest[int(w["rank"])] = w
     rows = []

@@ -71,7 +71,7 @@ class _TorchXlaBackend(Backend):
 
 
 def _address_and_port() -> tuple[str, int]:
-    addr = ray.util.get_node_ip_address()
+    addr = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
     with socket.socket() as s:
         s.bind(("", 0))
         return addr, int(s.getsockname()[1])
@@ -96,7 +96,7 @@ def _init_worker(addr: str, port: int, backend: str, pjrt_device: str, timeout_s
         if pjrt_device == "TPU":
             _join_pjrt_world(ctx.get_local_world_size())
     elif backend == "tpu_dist":
-        import torch_tpu._loader  # type: ignore[import-not-found]
+        import torch_tpu._loader
 
         torch_tpu._loader.load()
     dist.init_process_group(backend=backend, init_method="env://", rank=ctx.get_world_rank(),

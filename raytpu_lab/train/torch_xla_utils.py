@@ -130,7 +130,7 @@ def _metric(name: str) -> tuple[int, float]:
     """``(count, total seconds)`` of a torch_xla metric; zeros before its first sample."""
     import torch_xla.debug.metrics as met
 
-    data = met.metric_data(name)
+    data = met.metric_data(name)  # type: ignore[no-untyped-call]
     if not data:
         return 0, 0.0
     return int(data[0]), float(data[1]) / 1e9  # accumulator in nanoseconds

@@ -227,7 +227,7 @@ def _placement() -> PlacementRow:
     chips = ctx.get_accelerator_ids().get("TPU", [])
     worker_id = str(labels.get(WORKER_ID_LABEL, os.environ.get("TPU_WORKER_ID", "")))
     return {"kind": "placement", "rank": rank, "local_rank": local_rank, "world_size": world_size,
-            "node_id": ctx.get_node_id(), "host": ray.util.get_node_ip_address(),
+            "node_id": ctx.get_node_id(), "host": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
             "hostname": socket.gethostname(), "pid": os.getpid(),
             "slice": labels.get(SLICE_LABEL, os.environ.get("TPU_NAME", "")),
             "worker_id": int(worker_id) if worker_id.isdigit() else None,
@@ -340,7 +340,7 @@ class _Tee:
         self._saved = (sys.stdout, sys.stderr)
         self._streams = [_TeeStream(sys.stdout, "stdout", self),
                          _TeeStream(sys.stderr, "stderr", self)]
-        sys.stdout, sys.stderr = self._streams  # type: ignore[assignment]
+        sys.stdout, sys.stderr = self._streams
         self._thread.start()
 
     def stop(self) -> None:

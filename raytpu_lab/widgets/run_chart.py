@@ -72,7 +72,7 @@ def _compact(tail: dict[str, dict[str, list[float | int]]]) -> dict[str, Any]:
     return out
 
 
-class LiveChart(anywidget.AnyWidget):  # type: ignore[misc]
+class LiveChart(anywidget.AnyWidget):
     """Live line charts of every rank's metrics.
 
     Args:

@@ -53,6 +53,7 @@ class RunDashboard:
     Args:
         title: The run's name.
         on_stop: Called (in a background thread) when Stop is clicked; e.g. ``handle.stop``.
+            Settable later, as :attr:`after_end`.
         redraw_interval_s: Minimum seconds between two chart redraws.
         log_interval_s: Minimum seconds between two log-pane redraws.
         max_log_lines: Lines kept and shown per rank.
@@ -61,6 +62,9 @@ class RunDashboard:
 
     Attributes:
         widget: The ``ipywidgets.VBox`` to display.
+        view: The :class:`~raytpu_lab.widgets.run_view.RunView` it draws from.
+        after_end: Called (in the run's drain thread) after :meth:`on_end` drew the end, e.g.
+            to :meth:`freeze` a view nobody waits for; ``None`` by default.
     """
 
     def __init__(self, title: str, *, on_stop: Callable[[], Any] | None = None,
@@ -68,6 +72,7 @@ class RunDashboard:
                  max_log_lines: int = 200, max_points: int = 300, live: bool = True) -> None:
         self.title = title
         self.on_stop = on_stop
+        self.after_end: Callable[[], None] | None = None
         self.max_log_lines = max_log_lines
         self.max_points = max_points
         self.live = live
@@ -133,8 +138,9 @@ class RunDashboard:
         widget, and a place for the tables :meth:`freeze` writes); returns the handles."""
         from IPython.display import display
 
-        self._handles = [display(self, display_id=True),
-                         display({"text/plain": ""}, raw=True, display_id=True)]
+        self._handles = [display(self, display_id=True),  # type: ignore[no-untyped-call]
+                         display({"text/plain": ""}, raw=True,  # type: ignore[no-untyped-call]
+                                 display_id=True)]
         return self._handles
 
     def freeze(self) -> None:
@@ -221,6 +227,8 @@ class RunDashboard:
             if self.live:
                 self.stop_button.disabled = True
                 self.summary.value = view.summary_html()
+        if self.after_end is not None:  # outside the lock: freezing takes it itself
+            self.after_end()
 
     def show_error(self, text: str) -> None:
         """Show ``text`` in the dashboard's message line (red)."""

@@ -136,7 +136,7 @@ class RunView:
         return f"<span style='color:{color}'>{html.escape(self.text())}</span>"
 
     def placement_html(self) -> str:
-        rows = placement_table(self.workers)  # type: ignore[arg-type]
+        rows = placement_table(self.workers)
         if not rows:
             return "<i>waiting for workers to start...</i>"
         failed = {e["rank"] for e in self.errors}
