@@ -138,6 +138,19 @@ class RunResult:
         update.result = self
         return update
 
+    def lead_with_worker_error(self) -> None:
+        """A failed run: lead :attr:`error` with what the worker tap saw of the first failing
+        rank (rank, host, slice, traceback); nothing when it did not fail or no rank raised."""
+        if self.error is None or not self.worker_errors:
+            return
+        first = sorted(self.worker_errors, key=lambda e: e["rank"])[0]
+        where = f"rank {first['rank']} on host {first.get('host') or '?'}"
+        if first.get("slice"):
+            where += f" ({first['slice']} worker {first.get('worker_id')})"
+        more = len({e["rank"] for e in self.worker_errors}) - 1
+        self.error = (f"{where}{f' (and {more} more rank(s))' if more > 0 else ''}: "
+                      f"{first['error']}\n{first['traceback'].rstrip()}")
+
     def by_rank(self) -> dict[int, list[Record]]:
         """``{rank: its records in report order}`` (kept up to date as records arrive)."""
         with _INDEX_LOCK:

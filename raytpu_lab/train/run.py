@@ -161,9 +161,9 @@ class RunHandle:
         self._fit_done.wait(max(0.0, deadline - time.monotonic()))
         self._remove_orphan_pgs()
         self._done.wait(max(0.0, deadline - time.monotonic()))
-        while self._live_pgs() and time.monotonic() < deadline:
+        while _live(self._pg_ids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        return self._fit_done.is_set() and not self._live_pgs()
+        return self._fit_done.is_set() and not _live(self._pg_ids)
 
     def _fail_fast(self) -> None:
         """A rank raised (the worker tap said so): end the run now.
@@ -179,22 +179,9 @@ class RunHandle:
                          name=f"raytpu-fail-{self.name}", daemon=True).start()
 
     def _remove_orphan_pgs(self) -> None:
-        """After a kill mid-start: remove the unnamed placement groups Ray Train made for this
-        run (new since launch, held by no other live run of this kernel)."""
-        try:
-            table = fetch_placement_group_states()
-        except Exception:
-            return
         others = {pg for h in list(_LIVE) if h is not self for pg in h._pg_ids}
-        mine = [pg for pg, info in table.items()
-                if pg not in self._known_pgs and pg not in others
-                and info["state"] != "REMOVED" and not info["name"]]
-        for pg in mine:
-            try:
-                _ray_private.remove_placement_group_by_id(pg)
-            except Exception:  # gone meanwhile
-                continue
-        self._pg_ids = sorted(set(self._pg_ids) | set(mine))
+        removed = _remove_orphans(self._known_pgs | others)
+        self._pg_ids = sorted(set(self._pg_ids) | set(removed))
 
     def wait(self, timeout_s: float | None = None) -> RunResult:
         """Block until the run ends; Ctrl-C (KeyboardInterrupt) stops the run, then re-raises.
@@ -285,7 +272,7 @@ class RunHandle:
         finally:
             for q in (self._events, self._logs):
                 _shutdown_queue(q)
-            self._attach_worker_errors()
+            self.result.lead_with_worker_error()
             if self._on_finish is not None:
                 try:
                     self._on_finish(self)
@@ -361,31 +348,37 @@ class RunHandle:
                 elif row["kind"] == "summary":
                     self.result.worker_summaries[int(row["rank"])] = dict(row["summary"])
 
-    def _attach_worker_errors(self) -> None:
-        """Lead the error text with what the worker tap saw: rank, host, slice, traceback."""
-        r = self.result
-        if r.error is None or not r.worker_errors:
-            return
-        first = sorted(r.worker_errors, key=lambda e: e["rank"])[0]
-        where = f"rank {first['rank']} on host {first.get('host') or '?'}"
-        if first.get("slice"):
-            where += f" ({first['slice']} worker {first.get('worker_id')})"
-        more = len({e["rank"] for e in r.worker_errors}) - 1
-        r.error = (f"{where}{f' (and {more} more rank(s))' if more > 0 else ''}: "
-                   f"{first['error']}\n{first['traceback'].rstrip()}")
-
-    def _live_pgs(self) -> list[str]:
-        if not self._pg_ids:
-            return []
-        try:
-            table = fetch_placement_group_states()
-        except Exception:
-            return []
-        return [pg for pg in self._pg_ids
-                if pg in table and table[pg]["state"] not in ("", "REMOVED")]
-
 
 _UNPLACEABLE = "No available node types can fulfill placement group requests"
+
+
+def _remove_orphans(others: set[str]) -> list[str]:
+    """After a kill mid-start: remove the unnamed placement groups Ray Train made for a run (not
+    in ``others``: those that existed at its launch or belong to another live run of this
+    kernel); returns their ids."""
+    try:
+        table = fetch_placement_group_states()
+    except Exception:
+        return []
+    mine = [pg for pg, info in table.items()
+            if pg not in others and info["state"] != "REMOVED" and not info["name"]]
+    for pg in mine:
+        try:
+            _ray_private.remove_placement_group_by_id(pg)
+        except Exception:  # gone meanwhile
+            continue
+    return mine
+
+
+def _live(pg_ids: list[str]) -> list[str]:
+    """Which of ``pg_ids`` still exist (``[]`` when Ray cannot be read)."""
+    if not pg_ids:
+        return []
+    try:
+        table = fetch_placement_group_states()
+    except Exception:
+        return []
+    return [pg for pg in pg_ids if pg in table and table[pg]["state"] not in ("", "REMOVED")]
 
 
 @contextlib.contextmanager

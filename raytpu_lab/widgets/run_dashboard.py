@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from raytpu_lab.train.streams import Throttle, metric_series, numeric_keys
+from raytpu_lab.train.streams import Throttle, numeric_keys
 from raytpu_lab.widgets.run_chart import FIXED_PANELS, LiveChart
 from raytpu_lab.widgets.run_view import PLOTLY_MIME, STATIC_POINTS, RunView, pre_lines
 
@@ -83,7 +83,6 @@ class RunDashboard:
         self._log_throttle = Throttle(log_interval_s)
         self._status_throttle = Throttle(1.0)
         self._dirty_chart = self._dirty_table = self._dirty_logs = False
-        self._drawn_log_rev: dict[int, int] = {}
         self._drawn_slices: list[str] = []
         self.redraws = 0
         self._handles: list[Any] = []
@@ -114,8 +113,8 @@ class RunDashboard:
         self.chart = LiveChart(self._chart_series, title=self.title, lock=self._lock)
         self.chart.observe(self._key_changed, names="key")
         self.placement = w.HTML(self.view.placement_html())
-        self.log_panes = w.Accordion(children=[])
-        self.log_panes.observe(self._pane_opened, names="selected_index")
+        self._logs = _LogPanes(self.view, self._lock, self.show_error)
+        self.log_panes = self._logs.accordion
         self.summary = w.HTML("")
         self.widget = w.VBox([
             w.HBox([self.stop_button, self.status]), self.message, self.chart,
@@ -170,21 +169,7 @@ class RunDashboard:
         return not self.live or self.widget.comm is None
 
     def _all_widgets(self) -> list[w.Widget]:
-        out: list[w.Widget] = []
-
-        def walk(x: Any) -> None:
-            if not isinstance(x, w.Widget) or x in out:
-                return
-            out.append(x)
-            for name in ("children", "layout", "style"):
-                value = getattr(x, name, None)
-                for child in value if isinstance(value, list | tuple) else [value]:
-                    walk(child)
-
-        walk(self.widget)
-        if self.chart not in out:
-            walk(self.chart)
-        return out
+        return _widgets_below([self.widget, self.chart])
 
     # -- listener --------------------------------------------------------------------------
 
@@ -253,28 +238,16 @@ class RunDashboard:
                     self.message.value = self.view.errors_html()
                 self._dirty_table = False
             if self._dirty_logs and (final or self._log_throttle.ready()):
-                self._draw_logs()
+                self._logs.draw()
                 self._dirty_logs = False
         except Exception:  # a drawing bug shows in the view, never kills the drain thread
             self.show_error("dashboard error:\n" + traceback.format_exc())
 
     def _chart_series(self, key: str, starts: dict[int, int]
                       ) -> dict[int, tuple[list[float], list[float], int]]:
-        """Points of ``key`` per rank from row ``starts[rank]`` on (the live chart's feed)."""
+        """The live chart's feed (:meth:`RunView.chart_series`)."""
         with self._lock:
-            out: dict[int, tuple[list[float], list[float], int]] = {}
-            for rank, rows in self.view.rows().items():
-                count = len(rows)  # the drain thread may append meanwhile: read up to here
-                start = starts.get(rank, 0)
-                if start >= count:
-                    out[rank] = ([], [], count)
-                    continue
-                sub = rows[max(0, start - 1):count]  # one row before: derived keys need it
-                xs, ys = metric_series(sub, key)
-                if start > 0 and metric_series(sub[:1], key)[0]:
-                    xs, ys = xs[1:], ys[1:]  # that row's own point was sent before
-                out[rank] = (xs, ys, count)
-            return out
+            return self.view.chart_series(key, starts)
 
     def _draw_chart(self) -> None:
         all_rows = [r for rows in self.view.rows().values() for r in rows[-5:]]
@@ -292,25 +265,6 @@ class RunDashboard:
             chart.key = self._key  # sends a full state
         else:
             chart.push()
-
-    def _draw_logs(self) -> None:
-        ranks = self.view.logs.ranks
-        panes = list(self.log_panes.children)
-        if len(panes) < len(ranks):
-            panes += [w.HTML("") for _ in range(len(ranks) - len(panes))]
-            self.log_panes.children = panes
-        titles = tuple(self.view.log_title(r) for r in ranks)
-        if tuple(self.log_panes.titles) != titles:
-            self.log_panes.titles = titles
-        opened = self.log_panes.selected_index
-        if opened is not None and opened < len(ranks):
-            self._fill_pane(ranks[opened], panes[opened])
-
-    def _fill_pane(self, rank: int, pane: w.HTML) -> None:
-        rev = self.view.logs.revision(rank)
-        if self._drawn_log_rev.get(rank) != rev:
-            pane.value = pre_lines(self.view.log_tail(rank))
-            self._drawn_log_rev[rank] = rev
 
     # -- callbacks (kernel thread) -----------------------------------------------------------
 
@@ -347,16 +301,6 @@ class RunDashboard:
         except Exception:
             self.show_error("metric change failed:\n" + traceback.format_exc())
 
-    def _pane_opened(self, change: dict[str, Any]) -> None:
-        try:
-            with self._lock:
-                i = change["new"]
-                ranks = self.view.logs.ranks
-                if i is not None and i < len(ranks):
-                    self._fill_pane(ranks[i], self.log_panes.children[i])
-        except Exception:
-            self.show_error("log pane failed:\n" + traceback.format_exc())
-
     # -- static forms (drawn by the view, under the lock) --------------------------------------
 
     def text(self) -> str:
@@ -386,6 +330,67 @@ class RunDashboard:
         """Everything as one script-free HTML fragment (:meth:`RunView.static_html`)."""
         with self._lock:
             return self.view.static_html(chart=chart)
+
+
+class _LogPanes:
+    """One accordion pane per rank with its last lines; only the open pane is ever sent, and
+    only when its rank logged since it was last drawn."""
+
+    def __init__(self, view: RunView, lock: threading.RLock,
+                 show_error: Callable[[str], None]) -> None:
+        self._view = view
+        self._lock = lock
+        self._show_error = show_error
+        self._drawn: dict[int, int] = {}  # rank -> log revision drawn
+        self.accordion = w.Accordion(children=[])
+        self.accordion.observe(self._opened, names="selected_index")
+
+    def draw(self) -> None:
+        ranks = self._view.logs.ranks
+        panes = list(self.accordion.children)
+        if len(panes) < len(ranks):
+            panes += [w.HTML("") for _ in range(len(ranks) - len(panes))]
+            self.accordion.children = panes
+        titles = tuple(self._view.log_title(r) for r in ranks)
+        if tuple(self.accordion.titles) != titles:
+            self.accordion.titles = titles
+        opened = self.accordion.selected_index
+        if opened is not None and opened < len(ranks):
+            self._fill(ranks[opened], panes[opened])
+
+    def _fill(self, rank: int, pane: w.HTML) -> None:
+        rev = self._view.logs.revision(rank)
+        if self._drawn.get(rank) != rev:
+            pane.value = pre_lines(self._view.log_tail(rank))
+            self._drawn[rank] = rev
+
+    def _opened(self, change: dict[str, Any]) -> None:  # kernel thread: a user opened a pane
+        try:
+            with self._lock:
+                i = change["new"]
+                ranks = self._view.logs.ranks
+                if i is not None and i < len(ranks):
+                    self._fill(ranks[i], self.accordion.children[i])
+        except Exception:
+            self._show_error("log pane failed:\n" + traceback.format_exc())
+
+
+def _widgets_below(roots: list[w.Widget]) -> list[w.Widget]:
+    """Every widget of these trees (children, layouts, styles), each once."""
+    out: list[w.Widget] = []
+
+    def walk(x: Any) -> None:
+        if not isinstance(x, w.Widget) or x in out:
+            return
+        out.append(x)
+        for name in ("children", "layout", "style"):
+            value = getattr(x, name, None)
+            for child in value if isinstance(value, list | tuple) else [value]:
+                walk(child)
+
+    for root in roots:
+        walk(root)
+    return out
 
 
 def _default_key(keys: list[str]) -> str:

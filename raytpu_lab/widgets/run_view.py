@@ -105,6 +105,24 @@ class RunView:
         n = self.max_points if max_points is None else max_points
         return {rank: downsample(*metric_series(rows, key), n) for rank, rows in self.rows().items()}
 
+    def chart_series(self, key: str, starts: dict[int, int]
+                     ) -> dict[int, tuple[list[float], list[float], int]]:
+        """Points of ``key`` per rank from row ``starts[rank]`` on, and each rank's row count
+        (the live chart's feed: it asks only for what it has not got)."""
+        out: dict[int, tuple[list[float], list[float], int]] = {}
+        for rank, rows in self.rows().items():
+            count = len(rows)  # the drain thread may append meanwhile: read up to here
+            start = starts.get(rank, 0)
+            if start >= count:
+                out[rank] = ([], [], count)
+                continue
+            sub = rows[max(0, start - 1):count]  # one row before: derived keys need it
+            xs, ys = metric_series(sub, key)
+            if start > 0 and metric_series(sub[:1], key)[0]:
+                xs, ys = xs[1:], ys[1:]  # that row's own point was sent before
+            out[rank] = (xs, ys, count)
+        return out
+
     def xlabel(self) -> str:
         return "step" if any("step" in r for rows in self.rows().values() for r in rows[:1]) \
             else "report"
