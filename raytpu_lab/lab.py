@@ -99,7 +99,8 @@ class Lab:
         self.kuberay: KubeRayTarget | None = None
         self._sessions: dict[str, SliceSession] = {}  # reservation name -> its host processes
         self._started: emulator.EmulatedCluster | None = None  # what `up` started, until `down`
-        self.runs = Runs(self.snapshot, self._require_connection,
+        # Late-bound: tests (and subclasses) that replace snapshot/_require_connection reach it.
+        self.runs = Runs(lambda: self.snapshot(), lambda doing: self._require_connection(doing),
                          reservation=self._reservation_for_run,
                          held=lambda: [r.name for r in self._reservations.values()],
                          release_hosts=self._close_sessions, on_placed=self._run_placed,
