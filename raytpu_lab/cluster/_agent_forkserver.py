@@ -41,7 +41,9 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
+
+from raytpu_lab.cluster._child_exit import run_then_exit
 
 __all__ = ["preload", "serve"]
 
@@ -87,10 +89,10 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(body), list(fds)
 
 
-def _become_agent(request: dict[str, Any], fds: list[int]) -> None:
+def _become_agent(request: dict[str, Any], fds: list[int]) -> NoReturn:
     """In the forked child: take the shim's streams, environment and directory; run the script."""
-    code = 1
-    try:
+
+    def main() -> None:
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
@@ -115,19 +117,8 @@ def _become_agent(request: dict[str, Any], fds: list[int]) -> None:
         import runpy
 
         runpy.run_path(argv[0], run_name="__main__")
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    except BaseException:
-        import traceback
 
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    run_then_exit(main)
 
 
 def serve(sock_path: str, folder: str) -> None:

@@ -25,7 +25,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from raytpu_lab.cluster._child_exit import run_then_exit
 
 __all__ = ["Launcher"]
 
@@ -133,10 +135,10 @@ def _raise_priority(nice: int) -> None:
         pass
 
 
-def _child(msg: dict[str, Any]) -> None:
+def _child(msg: dict[str, Any]) -> NoReturn:
     """In the forked child: become the node's session, take its environment and log, run the CLI."""
-    code = 1
-    try:
+
+    def main() -> int | None:
         os.setsid()
         if msg.get("nice"):
             _raise_priority(int(msg["nice"]))
@@ -152,20 +154,9 @@ def _child(msg: dict[str, Any]) -> None:
         if os.environ.get("RAYTPU_AGENT_FORKSERVER"):  # a host: its agents come from the server
             shim = str(Path(__file__).with_name("_agent_shim.py"))
             _ray_private.route_agents([sys.executable, "-S", shim])
-        code = _ray_private.ray_cli_main(msg["argv"])
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    except BaseException:
-        import traceback
+        return _ray_private.ray_cli_main(msg["argv"])
 
-        traceback.print_exc()
-        code = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    run_then_exit(main)
 
 
 def _main() -> None:
