@@ -1,0 +1,58 @@
+"""IPython input transformers of the ``%%raytpu`` cells (see each function for why)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from IPython import get_ipython
+from IPython.core.async_helpers import _asyncio_runner
+
+__all__ = ["await_run_cells", "empty_cells_as_lines"]
+
+
+def await_run_cells(lines: list[str]) -> list[str]:
+    """IPython input transformer: a ``%%raytpu jax`` (or ``torch``) cell becomes ``await <the magic>``.
+
+    An awaited cell leaves the kernel's event loop free while the run streams, and ipykernel
+    (>= 7.4) dispatches widget (comm) messages during a running async cell, so the Stop button
+    works; a kernel interrupt cancels the await, which stops the run. Only when IPython's
+    autoawait runs on asyncio; otherwise the magic blocks (Ctrl-C still stops the run).
+    """
+    if not lines or not lines[0].startswith("%%raytpu"):
+        return lines
+    shell = _current_shell()
+    if shell is None or not getattr(shell, "autoawait", False) \
+            or shell.loop_runner is not _asyncio_runner:
+        return lines
+    line = lines[0][len("%%raytpu"):].strip()
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        return lines
+    command = next((w for w in words if not w.startswith("-")), None)
+    if command not in ("jax", "torch") or "--background" in words or "-h" in words or "--help" in words:
+        return lines
+    body = "".join(lines[1:])
+    return [f"await get_ipython().run_cell_magic('raytpu', {('--await ' + line)!r}, {body!r})\n"]
+
+
+def empty_cells_as_lines(lines: list[str]) -> list[str]:
+    """IPython input transformer: a ``%%raytpu`` cell with an empty body runs as ``%raytpu``.
+
+    IPython refuses a cell magic with an empty body before the magic sees it ("cell body is
+    empty"), so ``%%raytpu run --help`` would never show its help; as a line magic the help
+    shows, and a cell subcommand without its cell says what the cell should hold.
+    """
+    if not lines or not lines[0].startswith("%%raytpu") or "".join(lines[1:]).strip():
+        return lines
+    rest = lines[0][len("%%raytpu"):]
+    if rest[:1] not in ("", " ", "\t", "\n"):
+        return lines  # another magic whose name starts with raytpu
+    return [f"get_ipython().run_line_magic('raytpu', {rest.strip()!r})\n"]
+
+
+def _current_shell() -> Any:
+    return get_ipython()
+
+
