@@ -11,7 +11,8 @@ import functools
 import math
 
 from raytpu_lab.errors import InvalidTopologyError
-from raytpu_lab.tpu.topology import SliceShape, normalize_version, split_pod_type
+from raytpu_lab.tpu.generations import normalize_version
+from raytpu_lab.tpu.topology import SliceShape, split_pod_type
 
 __all__ = ["pod_key", "cached_shape", "table_shape", "labelled_shape", "whole_chips"]
 

@@ -17,7 +17,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from raytpu_lab.state.model import ClusterSnapshot
+from raytpu_lab.state.snapshot import ClusterSnapshot
 from raytpu_lab.train.profile_analysis import ProfileReport
 from raytpu_lab.widgets.svg import render_svg, svg_img
 
