@@ -82,17 +82,20 @@ __all__ = [
 # --- raw cluster state ---------------------------------------------------------------------------
 
 
-class RawNode(TypedDict):
-    """One Ray node as :func:`~raytpu_lab.state.fetch.fetch_raw_state` reads it."""
-
+class _NodeFields(TypedDict):
     node_id: str
     """Ray node id (hex)."""
-    alive: bool
     ip: str
+    alive: bool
     is_head: bool
     labels: dict[str, str]
     """Ray node labels, e.g. ``{"ray.io/tpu-slice-name": "tpu-v6e-4x4-0"}``."""
     resources_total: dict[str, float]
+
+
+class RawNode(_NodeFields):
+    """One Ray node as :func:`~raytpu_lab.state.fetch.fetch_raw_state` reads it."""
+
     resources_available: dict[str, float]
     """Ray omits an exhausted resource: a missing ``TPU`` key is 0 free. ``{}`` for a dead node."""
 
@@ -301,15 +304,9 @@ class SliceDict(TypedDict):
     chips_expected: int
 
 
-class OtherNodeDict(TypedDict):
-    """:meth:`raytpu_lab.state.snapshot.OtherNode.to_dict`."""
+class OtherNodeDict(_NodeFields):
+    """:meth:`raytpu_lab.state.snapshot.OtherNode.to_dict`: the node and why it is no slice host."""
 
-    node_id: str
-    ip: str
-    alive: bool
-    is_head: bool
-    labels: dict[str, str]
-    resources_total: dict[str, float]
     reason: str
 
 

@@ -7,16 +7,16 @@ Kubernetes plan in :mod:`raytpu_lab.state.planned`. Only the pure model is expor
 
 from __future__ import annotations
 
-from raytpu_lab.state.model import build_snapshot
-from raytpu_lab.state.snapshot import (
+from raytpu_lab.state.model import (
     HOST_STATES,
+    RESERVATION_PREFIX,
     SLICE_STATES,
     ClusterSnapshot,
     HostState,
     OtherNode,
     SliceState,
+    build_snapshot,
 )
-from raytpu_lab.tpu.labels import RESERVATION_PREFIX
 
 __all__ = [
     "HOST_STATES",

@@ -69,20 +69,20 @@ from raytpu_lab.tpu.unknown import MAX_UNKNOWN_HOSTS, UnknownShape, unknown_shap
 # The records and label names are re-exported: code outside the state package imports them from
 # here (raytpu_lab.state.model was one module before it was split).
 __all__ = [
-    "LABEL_SLICE",
-    "LABEL_WORKER",
-    "LABEL_TOPOLOGY",
-    "LABEL_POD_TYPE",
-    "LABEL_ACCELERATOR",
-    "RESERVATION_PREFIX",
-    "HOST_STATES",
-    "SLICE_STATES",
-    "HostState",
-    "SliceState",
-    "OtherNode",
     "ClusterSnapshot",
+    "HOST_STATES",
+    "HostState",
+    "LABEL_ACCELERATOR",
+    "LABEL_POD_TYPE",
+    "LABEL_SLICE",
+    "LABEL_TOPOLOGY",
+    "LABEL_WORKER",
+    "OtherNode",
     "PlannedHost",
     "PlannedSlice",
+    "RESERVATION_PREFIX",
+    "SLICE_STATES",
+    "SliceState",
     "build_snapshot",
 ]
 

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import asdict, dataclass, field
 
 from raytpu_lab._protocols import HostDict, OtherNodeDict, SliceDict, SnapshotDict
@@ -103,6 +102,10 @@ class SliceState:
         phase: From Kubernetes: ``"provisioning"`` (hosts still joining), ``"replacing"``
             (KubeRay is deleting and recreating the slice), else ``""``.
         group: The KubeRay worker group, when known from Kubernetes.
+        chips_total: Chips on live hosts (derived from ``hosts``, as the three below).
+        chips_free: Chips available now.
+        chips_reserved: Chips held by placement-group bundles.
+        chips_busy: Chips in use outside any bundle.
     """
 
     name: str
@@ -117,6 +120,24 @@ class SliceState:
     head_locked: bool = False
     phase: str = ""
     group: str = ""
+    # Totals over live hosts, counted once in __post_init__: state and every view read them on
+    # each refresh (dataclasses.replace recounts them for the new hosts).
+    chips_total: int = field(init=False, repr=False, compare=False)
+    chips_free: int = field(init=False, repr=False, compare=False)
+    chips_reserved: int = field(init=False, repr=False, compare=False)
+    chips_busy: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        total = free = reserved = busy = 0
+        for h in self.hosts:
+            if h.alive:
+                total += h.chips
+                free += h.chips_free
+                reserved += h.chips_reserved
+                busy += h.chips_busy
+        for name, value in (("chips_total", total), ("chips_free", free),
+                            ("chips_reserved", reserved), ("chips_busy", busy)):
+            object.__setattr__(self, name, value)
 
     @property
     def shape_known(self) -> bool:
@@ -137,38 +158,6 @@ class SliceState:
     def chips_expected(self) -> int:
         """Chips the topology has."""
         return self.shape.num_chips
-
-    @functools.cached_property
-    def _live_chips(self) -> tuple[int, int, int, int]:
-        """``(total, free, reserved, busy)`` chips on live hosts, in one pass (read per refresh)."""
-        total = free = reserved = busy = 0
-        for h in self.hosts:
-            if h.alive:
-                total += h.chips
-                free += h.chips_free
-                reserved += h.chips_reserved
-                busy += h.chips_busy
-        return total, free, reserved, busy
-
-    @property
-    def chips_total(self) -> int:
-        """Chips on live hosts."""
-        return self._live_chips[0]
-
-    @property
-    def chips_free(self) -> int:
-        """Chips available now."""
-        return self._live_chips[1]
-
-    @property
-    def chips_reserved(self) -> int:
-        """Chips held by placement-group bundles."""
-        return self._live_chips[2]
-
-    @property
-    def chips_busy(self) -> int:
-        """Chips in use outside any bundle."""
-        return self._live_chips[3]
 
     @property
     def state(self) -> str:
