@@ -51,6 +51,7 @@ from raytpu_lab.state.snapshot import (
     SLICE_STATES,
     ClusterSnapshot,
     HostState,
+    HostStateName,
     OtherNode,
     SliceState,
 )
@@ -181,7 +182,7 @@ def _host(tpu: _Tpu, cph: int, held: Counter[str], jobs: frozenset[str] = frozen
     reserved = min(sum(held.values()), total) - in_jobs if held else 0
     free = max(0, min(available, total - reserved - in_jobs))
     busy = total - reserved - free
-    state = "reserved" if reserved else "busy" if busy else "free"
+    state: HostStateName = "reserved" if reserved else "busy" if busy else "free"
     return HostState(tpu.worker_id, node_id, ip, state, total, free, owner, labels, reserved,
                      busy, cph)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from raytpu_lab.errors import InvalidTopologyError
 from raytpu_lab.state._shapes import cached_shape
-from raytpu_lab.state.snapshot import HostState, SliceState
+from raytpu_lab.state.snapshot import HostState, SlicePhase, SliceState
 
 __all__ = ["PlannedHost", "PlannedSlice", "apply_plan"]
 
@@ -87,7 +87,7 @@ def _with_plan(s: SliceState, plan: PlannedSlice) -> SliceState:
         elif info is not None and (info.terminating or info.phase == "Failed"):
             h = dataclasses.replace(h, detail=_planned_detail(info))
         hosts.append(h)
-    phase = "replacing" if plan.replacing else "provisioning" if waiting else ""
+    phase: SlicePhase = "replacing" if plan.replacing else "provisioning" if waiting else ""
     if plan.replacing:
         reasons.insert(0, "KubeRay is replacing the slice (its pods are recreated as a unit)")
     return dataclasses.replace(s, hosts=hosts, reasons=list(dict.fromkeys(reasons)), phase=phase,

@@ -7,16 +7,24 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Literal, get_args
 
 from raytpu_lab._protocols import HostDict, OtherNodeDict, SliceDict, SnapshotDict
 from raytpu_lab.state._shapes import pod_key
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.tpu.unknown import UnknownShape
 
-__all__ = ["HOST_STATES", "SLICE_STATES", "HostState", "SliceState", "OtherNode", "ClusterSnapshot"]
+__all__ = ["HOST_STATES", "SLICE_STATES", "HostStateName", "SliceStateName", "SlicePhase",
+           "HostState", "SliceState", "OtherNode", "ClusterSnapshot"]
 
-HOST_STATES = ("free", "reserved", "busy", "dead", "missing", "provisioning")
-SLICE_STATES = ("free", "reserved", "busy", "partial", "degraded", "provisioning", "replacing")
+HostStateName = Literal["free", "reserved", "busy", "dead", "missing", "provisioning"]
+SlicePhase = Literal["", "provisioning", "replacing"]
+"""What Kubernetes says of a slice: ``""`` (nothing), hosts still joining, or being recreated."""
+SliceStateName = Literal["free", "reserved", "busy", "partial", "degraded", "provisioning",
+                         "replacing"]
+HOST_STATES: tuple[HostStateName, ...] = get_args(HostStateName)
+"""Host states in the order the map's rows index them (``code``)."""
+SLICE_STATES: tuple[SliceStateName, ...] = get_args(SliceStateName)
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,7 @@ class HostState:
     worker_id: int
     node_id: str | None
     ip: str
-    state: str
+    state: HostStateName
     chips: int
     chips_free: int
     owner: str | None
@@ -118,7 +126,7 @@ class SliceState:
     reasons: list[str]
     owners: list[str]
     head_locked: bool = False
-    phase: str = ""
+    phase: SlicePhase = ""
     group: str = ""
     # Totals over live hosts, counted once in __post_init__: state and every view read them on
     # each refresh (dataclasses.replace recounts them for the new hosts).
@@ -160,7 +168,7 @@ class SliceState:
         return self.shape.num_chips
 
     @property
-    def state(self) -> str:
+    def state(self) -> SliceStateName:
         """One of :data:`SLICE_STATES`.
 
         ``phase`` when Kubernetes reports one (``"provisioning"`` / ``"replacing"``);
