@@ -1,10 +1,7 @@
-// Live TPU topology map: the front end of raytpu_lab.widgets.topology_map.TopologyMap.
-//
-// Plain DOM + SVG, no libraries, no network. The protocol (geometry trait, "full" / "delta" /
-// "details" messages, the selected trait) is declared once, field by field, in
-// raytpu_lab/_protocols.py ("Topology map wire protocol"): this file reads only those names, and
-// destructures the positional rows with the column names given there (SLICE_ROW, HOST_ROW,
-// NODE_ROW); tests/unit/test_map_protocol.py checks both. DOM contract used by the browser tests:
+// Live TPU topology map, the front end of raytpu_lab.widgets.topology_map.TopologyMap. Plain DOM + SVG.
+// Protocol (geometry/selected traits, full/delta/details messages, row columns SLICE_ROW, HOST_ROW,
+// NODE_ROW): declared once in raytpu_lab/_protocols.py; tests/unit/test_map_protocol.py checks the
+// names read here. No libraries, no network. DOM contract used by the browser tests:
 // root .raytpu-map; .slice[data-slice] (class "highlight" when highlighted); .host[data-slice]
 // [data-worker][data-state]; .chip[data-state]; status text in .raytpu-map-status;
 // .dcn-link[data-from][data-to] between consecutive slices of a multi-slice group (trait dcn).
