@@ -21,7 +21,10 @@ Every error carries three parts: what happened, why, and what to do next. Magics
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for annotations only: the errors module imports nothing of the package
+    from raytpu_lab.spmd import CellResult, HostOutput
 
 __all__ = [
     "RaytpuError",
@@ -194,8 +197,8 @@ class RemoteHostError(RaytpuError):
             worker id, traceback text in ``.error``), or ``None``.
     """
 
-    def __init__(self, what: str, why: str = "", fix: str = "", *, result: Any = None,
-                 host: Any = None) -> None:
+    def __init__(self, what: str, why: str = "", fix: str = "", *,
+                 result: CellResult | None = None, host: HostOutput | None = None) -> None:
         self.result = result
         self.host = host
         super().__init__(what, why, fix)

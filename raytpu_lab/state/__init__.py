@@ -1,6 +1,7 @@
 """Cluster state: the pure model of slices, hosts and chips.
 
-Only the pure model is exported here; the Ray reader lives in :mod:`raytpu_lab.state.fetch`
+Records in :mod:`raytpu_lab.state.snapshot`, the parser in :mod:`raytpu_lab.state.model`, the
+Kubernetes plan in :mod:`raytpu_lab.state.planned`. Only the pure model is exported here; the Ray reader lives in :mod:`raytpu_lab.state.fetch`
 (import it directly), so importing :mod:`raytpu_lab.state` never imports Ray.
 """
 

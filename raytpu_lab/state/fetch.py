@@ -4,7 +4,7 @@
 turns them into slices, hosts and chips. Keeping the raw form plain lets tests record it from a real
 cluster and replay it without Ray.
 
-Raw state shape (all keys always present)::
+Raw state shape (all keys always present; declared as :class:`raytpu_lab._protocols.RawState`)::
 
     {
       "fetched_at": 1733000000.0,                # seconds since the epoch
@@ -24,16 +24,22 @@ Raw state shape (all keys always present)::
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import ray
 
 from raytpu_lab import _ray_private
+from raytpu_lab._protocols import (
+    PlacementGroupLifetime,
+    RawBundle,
+    RawNode,
+    RawPlacementGroup,
+    RawState,
+)
 
 __all__ = ["fetch_raw_state", "fetch_placement_group_lifetimes"]
 
 
-def fetch_raw_state() -> dict[str, Any]:
+def fetch_raw_state() -> RawState:
     """Read nodes (labels, total and available resources) and placement groups from Ray.
 
     Uses ``ray.nodes()`` and ``ray.util.placement_group_table()`` (public) and Ray's per-node
@@ -49,46 +55,48 @@ def fetch_raw_state() -> dict[str, Any]:
     Raises:
         ray.exceptions.RaySystemError: Ray is not initialised (callers check first).
     """
-    if ray.util.client.ray.is_connected():
-        return ray.get(_read_in_cluster.remote())  # type: ignore[no-any-return]
+    if ray.util.client.ray.is_connected():  # type: ignore[no-untyped-call]
+        state: RawState = ray.get(_read_in_cluster.remote())
+        return state
     return _read_here()
 
 
 @ray.remote(num_cpus=0, resources={"node:__internal_head__": 0.001})
-def _read_in_cluster() -> dict[str, Any]:
+def _read_in_cluster() -> RawState:
     return _read_here()
 
 
-def _read_here() -> dict[str, Any]:
+def _read_here() -> RawState:
     available = _ray_private.available_resources_per_node()
-    nodes = []
-    for node in ray.nodes():
+    nodes: list[RawNode] = []
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
         node_id = node["NodeID"]
-        nodes.append({
-            "node_id": node_id,
-            "alive": bool(node.get("Alive")),
-            "ip": node.get("NodeManagerAddress", ""),
-            "is_head": bool(node.get("Resources", {}).get("node:__internal_head__")),
-            "labels": dict(node.get("Labels") or {}),
-            "resources_total": dict(node.get("Resources") or {}),
-            "resources_available": dict(available.get(node_id, {})) if node.get("Alive") else {},
-        })
-    groups = []
+        nodes.append(RawNode(
+            node_id=node_id,
+            alive=bool(node.get("Alive")),
+            ip=node.get("NodeManagerAddress", ""),
+            is_head=bool(node.get("Resources", {}).get("node:__internal_head__")),
+            labels=dict(node.get("Labels") or {}),
+            resources_total=dict(node.get("Resources") or {}),
+            resources_available=dict(available.get(node_id, {})) if node.get("Alive") else {},
+        ))
+    groups: list[RawPlacementGroup] = []
     for pg_id, pg in ray.util.placement_group_table().items():
         if pg.get("state") == "REMOVED":
             continue
         to_node = pg.get("bundles_to_node_id", {})
-        groups.append({
-            "placement_group_id": pg_id,
-            "name": pg.get("name", ""),
-            "state": pg.get("state", ""),
-            "bundles": [
-                {"index": int(i), "node_id": to_node.get(i) if _is_node(to_node.get(i)) else None,
-                 "resources": dict(res)}
+        groups.append(RawPlacementGroup(
+            placement_group_id=pg_id,
+            name=pg.get("name", ""),
+            state=pg.get("state", ""),
+            bundles=[
+                RawBundle(index=int(i),
+                          node_id=to_node.get(i) if _is_node(to_node.get(i)) else None,
+                          resources=dict(res))
                 for i, res in sorted(pg.get("bundles", {}).items())
             ],
-        })
-    return {"fetched_at": time.time(), "nodes": nodes, "placement_groups": groups}
+        ))
+    return RawState(fetched_at=time.time(), nodes=nodes, placement_groups=groups)
 
 
 def _is_node(node_id: str | None) -> bool:
@@ -96,7 +104,7 @@ def _is_node(node_id: str | None) -> bool:
     return node_id is not None and node_id.strip("0") != ""
 
 
-def fetch_placement_group_lifetimes() -> dict[str, dict[str, Any]]:
+def fetch_placement_group_lifetimes() -> dict[str, PlacementGroupLifetime]:
     """``{placement group id: {"is_detached": bool, "creator_job_id": str}}`` for live groups.
 
     Ray's placement-group table has no lifetime; its state API (``ray.util.state
@@ -112,8 +120,8 @@ def fetch_placement_group_lifetimes() -> dict[str, dict[str, Any]]:
     # An explicit address: another local cluster may run on this machine at the same time.
     address = ray.get_runtime_context().gcs_address
     return {
-        pg.placement_group_id: {"is_detached": bool(pg.is_detached),
-                                "creator_job_id": str(pg.creator_job_id or "")}
+        pg.placement_group_id: PlacementGroupLifetime(
+            is_detached=bool(pg.is_detached), creator_job_id=str(pg.creator_job_id or ""))
         for pg in list_placement_groups(address=address, detail=True, limit=10_000,
                                         raise_on_missing_output=False)
         if pg.state != "REMOVED"

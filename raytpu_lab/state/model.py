@@ -29,412 +29,70 @@ chips we cannot check against its shape could hang Ray's gang scheduling or give
 :meth:`ClusterSnapshot.slices_of` still lists it under its pod type label (that is what Ray
 schedules on), so a refusal names it and a run's fences cover it.
 
-On Kubernetes, ``planned`` slices (what the RayCluster asks for, with its pods' state; see
-:class:`PlannedSlice`) add what Ray cannot know: a host whose pod has not joined Ray yet is
-``"provisioning"`` (its ``detail`` says why, e.g. ``"Pending: Unschedulable: ..."``), a slice none of
-whose hosts has joined is listed anyway, and a slice KubeRay is deleting and recreating as a unit
-has ``phase`` ``"replacing"``.
+On Kubernetes, ``planned`` slices (:class:`~raytpu_lab.state.planned.PlannedSlice`) add what Ray
+cannot know; see :mod:`raytpu_lab.state.planned`. The records themselves live in
+:mod:`raytpu_lab.state.snapshot`, re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from raytpu_lab._protocols import RawNode, RawPlacementGroup, RawState
 from raytpu_lab.errors import InvalidTopologyError
-from raytpu_lab.tpu.topology import SliceShape, normalize_version, split_pod_type
+from raytpu_lab.state._shapes import labelled_shape, pod_key, table_shape, whole_chips
+from raytpu_lab.state.planned import PlannedHost, PlannedSlice, apply_plan
+from raytpu_lab.state.snapshot import (
+    HOST_STATES,
+    SLICE_STATES,
+    ClusterSnapshot,
+    HostState,
+    HostStateName,
+    OtherNode,
+    SliceState,
+)
+from raytpu_lab.tpu.labels import (
+    LABEL_ACCELERATOR,
+    LABEL_POD_TYPE,
+    LABEL_SLICE,
+    LABEL_TOPOLOGY,
+    LABEL_WORKER,
+    RESERVATION_PREFIX,
+    TPU_LABELS,
+)
+from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.tpu.unknown import MAX_UNKNOWN_HOSTS, UnknownShape, unknown_shape
 
+# The records and label names are re-exported: code outside the state package imports them from
+# here (raytpu_lab.state.model was one module before it was split).
 __all__ = [
-    "LABEL_SLICE",
-    "LABEL_WORKER",
-    "LABEL_TOPOLOGY",
-    "LABEL_POD_TYPE",
-    "LABEL_ACCELERATOR",
-    "RESERVATION_PREFIX",
-    "HOST_STATES",
-    "SLICE_STATES",
-    "HostState",
-    "SliceState",
-    "OtherNode",
     "ClusterSnapshot",
+    "HOST_STATES",
+    "HostState",
+    "LABEL_ACCELERATOR",
+    "LABEL_POD_TYPE",
+    "LABEL_SLICE",
+    "LABEL_TOPOLOGY",
+    "LABEL_WORKER",
+    "OtherNode",
     "PlannedHost",
     "PlannedSlice",
+    "RESERVATION_PREFIX",
+    "SLICE_STATES",
+    "SliceState",
     "build_snapshot",
 ]
-
-LABEL_SLICE = "ray.io/tpu-slice-name"
-LABEL_WORKER = "ray.io/tpu-worker-id"
-LABEL_TOPOLOGY = "ray.io/tpu-topology"
-LABEL_POD_TYPE = "ray.io/tpu-pod-type"
-LABEL_ACCELERATOR = "ray.io/accelerator-type"
-_TPU_LABELS = (LABEL_SLICE, LABEL_WORKER, LABEL_TOPOLOGY, LABEL_POD_TYPE)
-RESERVATION_PREFIX = "raytpu:"
-"""Placement groups named ``"raytpu:<name>"`` are reservation ``<name>``."""
-HOST_STATES = ("free", "reserved", "busy", "dead", "missing", "provisioning")
-SLICE_STATES = ("free", "reserved", "busy", "partial", "degraded", "provisioning", "replacing")
-
-
-@dataclass(frozen=True)
-class HostState:
-    """One host (TPU VM, one Ray node) of a slice.
-
-    Attributes:
-        worker_id: 0-based host index in the slice (0 is the head).
-        node_id: Ray node id (hex); ``None`` for a missing host.
-        ip: Node IP address; ``""`` for a missing host.
-        state: One of :data:`HOST_STATES`: ``"dead"`` / ``"missing"``, else ``"reserved"`` if any
-            chip is held by a bundle, ``"busy"`` if any chip is in use, else ``"free"``.
-        chips: Chips the node has (its ``TPU`` total); 0 when missing.
-        chips_free: Chips available now; 0 when dead or missing.
-        owner: Owner holding most chips here (reservation name or ``"placement group <id8>"``).
-        labels: The node's Ray labels.
-        chips_reserved: Chips held by placement-group bundles.
-        chips_busy: Chips in use outside any bundle.
-        chips_per_host: Chips the topology expects on this host.
-        detail: Why a host is not up, from Kubernetes (pod phase and reason), else ``""``.
-    """
-
-    worker_id: int
-    node_id: str | None
-    ip: str
-    state: str
-    chips: int
-    chips_free: int
-    owner: str | None
-    labels: dict[str, str] = field(default_factory=dict)
-    chips_reserved: int = 0
-    chips_busy: int = 0
-    chips_per_host: int = 0
-    detail: str = ""
-
-    @property
-    def alive(self) -> bool:
-        """The node is up (neither dead, missing nor provisioning)."""
-        return self.state not in ("dead", "missing", "provisioning")
-
-    def chip_states(self) -> list[str]:
-        """Per-chip states, ``chips_per_host`` long: reserved, then busy, then free chips.
-
-        A dead or missing host's chips are all ``"dead"`` / ``"missing"``; chips the topology
-        expects but the node lacks are ``"missing"``.
-        """
-        n = self.chips_per_host or self.chips
-        if not self.alive:
-            return [self.state] * n
-        states = (["reserved"] * self.chips_reserved + ["busy"] * self.chips_busy
-                  + ["free"] * self.chips_free)
-        return (states + ["missing"] * n)[:n]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict of the fields plus ``chip_states``."""
-        return {**asdict(self), "chip_states": self.chip_states()}
-
-
-@dataclass(frozen=True)
-class SliceState:
-    """One TPU slice: its shape, its hosts in worker-id order (missing ones included) and health.
-
-    Attributes:
-        name: Slice name (label ``ray.io/tpu-slice-name``, GKE's ``TPU_NAME``).
-        pod_type: e.g. ``"v6e-16"``.
-        version: Ray's accelerator version, e.g. ``"v6e"``.
-        topology: e.g. ``"4x4"``.
-        shape: The validated :class:`~raytpu_lab.tpu.topology.SliceShape`, or an
-            :class:`~raytpu_lab.tpu.unknown.UnknownShape` when the labels name no shape in the
-            tables (see :attr:`shape_known`).
-        hosts: One :class:`HostState` per worker id ``0 .. shape.num_hosts - 1``.
-        health: ``"intact"`` or ``"degraded"`` (always degraded for an unknown shape).
-        reasons: Why it is degraded, e.g. ``["worker 2 missing"]``; empty when intact.
-        owners: Owners holding chips on the slice, in worker-id order of first appearance.
-        head_locked: Worker 0's ``TPU-<pod type>-head`` resource is held (a slice reservation
-            holds it, or is being made).
-        phase: From Kubernetes: ``"provisioning"`` (hosts still joining), ``"replacing"``
-            (KubeRay is deleting and recreating the slice), else ``""``.
-        group: The KubeRay worker group, when known from Kubernetes.
-    """
-
-    name: str
-    pod_type: str
-    version: str
-    topology: str
-    shape: SliceShape | UnknownShape
-    hosts: list[HostState]
-    health: str
-    reasons: list[str]
-    owners: list[str]
-    head_locked: bool = False
-    phase: str = ""
-    group: str = ""
-
-    @property
-    def shape_known(self) -> bool:
-        """The labels name a shape in the topology tables (``shape`` is a ``SliceShape``)."""
-        return isinstance(self.shape, SliceShape)
-
-    @property
-    def hosts_alive(self) -> int:
-        """Hosts whose node is up."""
-        return sum(h.alive for h in self.hosts)
-
-    @property
-    def hosts_expected(self) -> int:
-        """Hosts the topology has."""
-        return self.shape.num_hosts
-
-    @property
-    def chips_expected(self) -> int:
-        """Chips the topology has."""
-        return self.shape.num_chips
-
-    @property
-    def chips_total(self) -> int:
-        """Chips on live hosts."""
-        return sum(h.chips for h in self.hosts if h.alive)
-
-    @property
-    def chips_free(self) -> int:
-        """Chips available now."""
-        return sum(h.chips_free for h in self.hosts if h.alive)
-
-    @property
-    def chips_reserved(self) -> int:
-        """Chips held by placement-group bundles."""
-        return sum(h.chips_reserved for h in self.hosts if h.alive)
-
-    @property
-    def chips_busy(self) -> int:
-        """Chips in use outside any bundle."""
-        return sum(h.chips_busy for h in self.hosts if h.alive)
-
-    @property
-    def state(self) -> str:
-        """One of :data:`SLICE_STATES`.
-
-        ``phase`` when Kubernetes reports one (``"provisioning"`` / ``"replacing"``);
-        ``"degraded"`` when health is degraded; ``"reserved"`` when bundles hold every chip;
-        ``"free"`` when every chip is free and the head is not locked; ``"busy"`` when no chip is
-        free; otherwise ``"partial"`` (also: all chips free but the head locked).
-        """
-        total = self.chips_total
-        if self.phase:
-            return self.phase
-        if self.health != "intact":
-            return "degraded"
-        if total and self.chips_reserved == total:
-            return "reserved"
-        if self.chips_free == total and not self.head_locked:
-            return "free"
-        if self.chips_free == 0:
-            return "busy"
-        return "partial"
-
-    @property
-    def idle(self) -> bool:
-        """Intact, every chip free and the head not locked: a slice reservation can take it."""
-        return self.state == "free"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict: fields (``shape`` as version/topology/chips_per_host) and totals."""
-        return {
-            "name": self.name, "pod_type": self.pod_type, "version": self.version,
-            "topology": self.topology, "shape": asdict(self.shape),
-            "shape_known": self.shape_known,
-            "hosts": [h.to_dict() for h in self.hosts], "health": self.health,
-            "reasons": list(self.reasons), "owners": list(self.owners),
-            "head_locked": self.head_locked, "state": self.state, "phase": self.phase,
-            "group": self.group,
-            "hosts_alive": self.hosts_alive, "hosts_expected": self.hosts_expected,
-            "chips_total": self.chips_total, "chips_free": self.chips_free,
-            "chips_expected": self.chips_expected,
-        }
-
-
-@dataclass(frozen=True)
-class OtherNode:
-    """A node that is not a host of any slice (CPU head, CPU workers, odd TPU labels).
-
-    Attributes:
-        node_id: Ray node id (hex).
-        ip: Node IP address.
-        alive: The node is up.
-        is_head: It is the Ray head node.
-        labels: Its Ray labels.
-        resources_total: Its total resources, e.g. ``{"CPU": 2.0}``.
-        reason: Why it is not a slice host, e.g. ``"no TPU labels"``.
-    """
-
-    node_id: str
-    ip: str
-    alive: bool
-    is_head: bool
-    labels: dict[str, str]
-    resources_total: dict[str, float]
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict of the fields."""
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class PlannedHost:
-    """A host Kubernetes knows about (one pod), for hosts Ray may not show yet.
-
-    Attributes:
-        worker_id: Host index in the slice (label ``ray.io/replica-host-index``; 0 on single-host).
-        pod: Pod name; ``""`` when KubeRay has not created the pod.
-        phase: Pod phase (``Pending``, ``Running``, ``Failed``...), ``""`` without a pod.
-        detail: Why it is not up, e.g. ``"Pending: Unschedulable: 0/3 nodes are available"``.
-        terminating: The pod is being deleted (``metadata.deletionTimestamp`` set).
-    """
-
-    worker_id: int
-    pod: str = ""
-    phase: str = ""
-    detail: str = ""
-    terminating: bool = False
-
-
-@dataclass(frozen=True)
-class PlannedSlice:
-    """A slice a RayCluster asks for, with what Kubernetes says about its pods.
-
-    Attributes:
-        name: Its ``TPU_NAME``, ``<group>-<replica>``.
-        group: The worker group.
-        version: Ray's accelerator version.
-        topology: e.g. ``"4x4"``.
-        chips_per_host: ``google.com/tpu`` per pod.
-        hosts: What is known per host (any subset of worker ids).
-        replacing: KubeRay is deleting and recreating the slice as a unit (a pod of it is
-            terminating, failed, or missing while others exist).
-    """
-
-    name: str
-    group: str
-    version: str
-    topology: str
-    chips_per_host: int
-    hosts: tuple[PlannedHost, ...] = ()
-    replacing: bool = False
-
-
-@dataclass(frozen=True)
-class ClusterSnapshot:
-    """The whole cluster at one moment, as every view draws it.
-
-    Attributes:
-        fetched_at: When the raw state was read, seconds since the epoch.
-        slices: TPU slices sorted by name.
-        other_nodes: Nodes that are no slice host.
-        head_node_id: The Ray head node's id, or ``None``.
-        pending_owners: Owners of placement groups with bundles not placed on any node yet.
-    """
-
-    fetched_at: float
-    slices: list[SliceState]
-    other_nodes: list[OtherNode]
-    head_node_id: str | None
-    pending_owners: list[str] = field(default_factory=list)
-
-    def slice(self, name: str) -> SliceState:
-        """The slice called ``name``.
-
-        Raises:
-            KeyError: No such slice (the message lists the known ones).
-        """
-        for s in self.slices:
-            if s.name == name:
-                return s
-        raise KeyError(f"no slice {name!r}; slices: {[s.name for s in self.slices]}")
-
-    def slices_of(self, pod_type: str) -> list[SliceState]:
-        """Slices of a pod type, e.g. ``"v6e-16"`` (GKE's ``"tpu7x-8"`` matches ``"v7x-8"``)."""
-        want = _pod_key(pod_type)
-        return [s for s in self.slices if _pod_key(s.pod_type) == want]
-
-    def idle_slices(self, pod_type: str | None = None) -> list[SliceState]:
-        """Intact slices with every chip free and the head not locked, optionally of a pod type."""
-        pool = self.slices if pod_type is None else self.slices_of(pod_type)
-        return [s for s in pool if s.idle]
-
-    @property
-    def total_chips(self) -> int:
-        """Chips on live hosts of all slices."""
-        return sum(s.chips_total for s in self.slices)
-
-    @property
-    def free_chips(self) -> int:
-        """Chips available now on all slices."""
-        return sum(s.chips_free for s in self.slices)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict of the snapshot (what a front end receives)."""
-        return {
-            "fetched_at": self.fetched_at, "head_node_id": self.head_node_id,
-            "slices": [s.to_dict() for s in self.slices],
-            "other_nodes": [n.to_dict() for n in self.other_nodes],
-            "pending_owners": list(self.pending_owners),
-            "total_chips": self.total_chips, "free_chips": self.free_chips,
-        }
-
-
-@functools.lru_cache(maxsize=4096)
-def _pod_key(pod_type: str) -> tuple[str, int] | str:
-    try:
-        return split_pod_type(pod_type)
-    except InvalidTopologyError:
-        return pod_type
-
-
-@functools.lru_cache(maxsize=4096)
-def _cached_shape(version: str, topology: str, chips_per_host: int = 0
-                  ) -> SliceShape | InvalidTopologyError:
-    """:class:`SliceShape` (frozen, so shared) or the error; cached: a pod has thousands of
-    hosts of a handful of shapes, and validating each one dominated :func:`build_snapshot`."""
-    try:
-        return SliceShape(version, topology, chips_per_host)
-    except InvalidTopologyError as err:
-        return err
-
-
-def _shape(version: str, topology: str, chips_per_host: int = 0) -> SliceShape:
-    shape = _cached_shape(version, topology, chips_per_host)
-    if isinstance(shape, InvalidTopologyError):  # rare: raise a fresh error, not the cached one
-        return SliceShape(version, topology, chips_per_host)
-    return shape
-
-
-@functools.lru_cache(maxsize=4096)
-def _labelled_shape(pod: str | None, accel: str | None, topology: str
-                    ) -> SliceShape | InvalidTopologyError:
-    try:
-        version = split_pod_type(pod)[0] if pod else normalize_version(accel or "")
-    except InvalidTopologyError as err:
-        return err
-    return _cached_shape(version, topology)
-
-
-def _chips(amount: Any) -> int:
-    """Whole chips in a resource amount (a partly used chip is not free)."""
-    try:
-        return max(0, math.floor(float(amount) + 1e-9))
-    except (TypeError, ValueError):
-        return 0
 
 
 @dataclass
 class _Tpu:
     """A node's parsed TPU labels; ``shape`` is ``None`` when they name no known shape."""
 
-    node: Mapping[str, Any]
+    node: RawNode
     slice_name: str
     worker_id: int
     shape: SliceShape | None
@@ -455,11 +113,11 @@ class _Tpu:
         return f"{pod or accel or '?'}:{topology or '?'}"
 
 
-def _read_labels(node: Mapping[str, Any]) -> _Tpu | str:
+def _read_labels(node: RawNode) -> _Tpu | str:
     """Parse a node's TPU labels; return the reason it is no slice host when they do not fit."""
     labels = node.get("labels") or {}
-    if not any(labels.get(k) for k in _TPU_LABELS):
-        tpu = _chips((node.get("resources_total") or {}).get("TPU", 0))
+    if not any(labels.get(k) for k in TPU_LABELS):
+        tpu = whole_chips((node.get("resources_total") or {}).get("TPU", 0))
         return f"TPU resource ({tpu}) but no TPU labels" if tpu else "no TPU labels"
     name, worker = labels.get(LABEL_SLICE), str(labels.get(LABEL_WORKER, "")).strip()
     pod, topology = labels.get(LABEL_POD_TYPE), labels.get(LABEL_TOPOLOGY)
@@ -468,13 +126,13 @@ def _read_labels(node: Mapping[str, Any]) -> _Tpu | str:
         return "TPU labels but no slice name"
     if not worker.isdecimal():
         return f"slice {name!r} but no usable worker id ({worker or 'none'})"
-    shape = _labelled_shape(pod, accel, topology) if topology else None
+    shape = labelled_shape(pod, accel, topology) if topology else None
     if not isinstance(shape, SliceShape):  # unknown shape: still a host of its slice
         return _Tpu(node, name, int(worker), None, (pod or "", accel or "", topology or ""))
     return _Tpu(node, name, int(worker), shape)
 
 
-def _owner_name(pg: Mapping[str, Any], reservations: Mapping[str, str]) -> str:
+def _owner_name(pg: RawPlacementGroup, reservations: Mapping[str, str]) -> str:
     pg_id = str(pg.get("placement_group_id", ""))
     if pg_id in reservations:
         return reservations[pg_id]
@@ -484,7 +142,7 @@ def _owner_name(pg: Mapping[str, Any], reservations: Mapping[str, str]) -> str:
     return f"placement group {pg_id[:8]}"
 
 
-def _bundles_by_node(groups: Iterable[Mapping[str, Any]], reservations: Mapping[str, str]
+def _bundles_by_node(groups: Iterable[RawPlacementGroup], reservations: Mapping[str, str]
                      ) -> tuple[dict[str, Counter[str]], set[str], list[str]]:
     """``({node id: Counter(owner -> chips)}, {node ids with a head-lock bundle}, pending owners)``."""
     held: dict[str, Counter[str]] = defaultdict(Counter)
@@ -514,17 +172,17 @@ def _host(tpu: _Tpu, cph: int, held: Counter[str], jobs: frozenset[str] = frozen
     # labels, chips_reserved, chips_busy, chips_per_host): called once per host per refresh.
     node = tpu.node
     labels = dict(node.get("labels") or {})
-    total = _chips((node.get("resources_total") or {}).get("TPU", 0))
+    total = whole_chips((node.get("resources_total") or {}).get("TPU", 0))
     node_id, ip = node.get("node_id"), str(node.get("ip", ""))
     owner = held.most_common(1)[0][0] if held else None
     if not node.get("alive"):
         return HostState(tpu.worker_id, node_id, ip, "dead", total, 0, owner, labels, 0, 0, cph)
-    available = _chips((node.get("resources_available") or {}).get("TPU", 0))  # absent: 0
+    available = whole_chips((node.get("resources_available") or {}).get("TPU", 0))  # absent: 0
     in_jobs = min(sum(n for o, n in held.items() if o in jobs), total) if jobs and held else 0
     reserved = min(sum(held.values()), total) - in_jobs if held else 0
     free = max(0, min(available, total - reserved - in_jobs))
     busy = total - reserved - free
-    state = "reserved" if reserved else "busy" if busy else "free"
+    state: HostStateName = "reserved" if reserved else "busy" if busy else "free"
     return HostState(tpu.worker_id, node_id, ip, state, total, free, owner, labels, reserved,
                      busy, cph)
 
@@ -532,20 +190,20 @@ def _host(tpu: _Tpu, cph: int, held: Counter[str], jobs: frozenset[str] = frozen
 def _known_shape(members: list[_Tpu], version: str, topology: str, expected: int | None,
                  reasons: list[str]) -> SliceShape:
     """The slice's table shape (most members' labels); label disagreements go to ``reasons``."""
-    shape = _shape(version, topology)
+    shape = table_shape(version, topology)
     if expected and expected != shape.num_hosts:
         with contextlib.suppress(InvalidTopologyError):  # keep Ray's rule if it cannot tile
-            shape = _shape(version, topology, shape.num_chips // expected)
+            shape = table_shape(version, topology, shape.num_chips // expected)
         if shape.num_hosts != expected:
             reasons.append(f"expected {expected} hosts, {topology} has {shape.num_hosts}")
-    want_pod = _pod_key(shape.pod_type)  # hoisted: per host is slow
+    want_pod = pod_key(shape.pod_type)  # hoisted: per host is slow
     for m in members:
         m_labels = m.node.get("labels") or {}
         if m.shape is not shape and m.key != (version, topology):
             reasons.append(f"labels inconsistent: worker {m.worker_id} says {m.spec}, "
                            f"slice is {shape.spec}")
         pod = m_labels.get(LABEL_POD_TYPE)
-        if pod and _pod_key(pod) != want_pod:
+        if pod and pod_key(pod) != want_pod:
             reasons.append(f"labels inconsistent: worker {m.worker_id} pod type {pod}, "
                            f"topology {topology} is {shape.pod_type}")
     return shape
@@ -555,7 +213,7 @@ def _unknown_slice_shape(members: list[_Tpu], key: tuple[str, ...], expected: in
                          reasons: list[str]) -> UnknownShape:
     """An :class:`UnknownShape` from the members' labels and ``TPU`` resources."""
     pod, accel, topology = key[1:]
-    cph = max(_chips((m.node.get("resources_total") or {}).get("TPU", 0)) for m in members)
+    cph = max(whole_chips((m.node.get("resources_total") or {}).get("TPU", 0)) for m in members)
     seen = max(m.worker_id for m in members) + 1
     shape, notes = unknown_shape(pod, accel, topology, chips_per_host=cph, hosts_seen=seen,
                                  num_hosts=min(expected, MAX_UNKNOWN_HOSTS) if expected else None)
@@ -589,7 +247,7 @@ def _build_slice(name: str, members: list[_Tpu], expected: int | None,
                            f"{num_hosts} hosts")
             other.append(_other(m.node, f"worker {m.worker_id} outside slice {name!r}"))
     hosts: list[HostState] = []
-    kept: dict[int, Mapping[str, Any]] = {}
+    kept: dict[int, RawNode] = {}
     for wid in range(num_hosts):
         claims = by_worker.get(wid, [])
         if len(claims) > 1:
@@ -634,14 +292,14 @@ def _build_slice(name: str, members: list[_Tpu], expected: int | None,
                       head_locked=head_locked)
 
 
-def _other(node: Mapping[str, Any], reason: str) -> OtherNode:
+def _other(node: RawNode, reason: str) -> OtherNode:
     return OtherNode(node_id=str(node.get("node_id", "")), ip=str(node.get("ip", "")),
                      alive=bool(node.get("alive")), is_head=bool(node.get("is_head")),
                      labels=dict(node.get("labels") or {}),
                      resources_total=dict(node.get("resources_total") or {}), reason=reason)
 
 
-def build_snapshot(raw: Mapping[str, Any], *, reservations: Mapping[str, str] | None = None,
+def build_snapshot(raw: RawState, *, reservations: Mapping[str, str] | None = None,
                    expected_hosts: Mapping[str, int] | None = None,
                    jobs: Mapping[str, str] | None = None,
                    planned: Iterable[PlannedSlice] | None = None) -> ClusterSnapshot:
@@ -683,67 +341,7 @@ def build_snapshot(raw: Mapping[str, Any], *, reservations: Mapping[str, str] | 
     slices = [_build_slice(name, by_slice[name], expected_hosts.get(name), held, locked, other,
                            job_owners) for name in sorted(by_slice)]
     if planned is not None:
-        slices = _apply_plan(slices, planned)
+        slices = apply_plan(slices, planned)
     return ClusterSnapshot(fetched_at=float(raw.get("fetched_at") or 0.0), slices=slices,
                            other_nodes=other, head_node_id=head_node_id, pending_owners=pending)
 
-
-def _planned_detail(host: PlannedHost | None) -> str:
-    if host is None or not host.pod:
-        return "pod not created yet"
-    if host.terminating:
-        return f"pod {host.pod} terminating"
-    return f"pod {host.pod} {host.detail or host.phase or 'starting'}"
-
-
-def _with_plan(s: SliceState, plan: PlannedSlice) -> SliceState:
-    by_worker = {h.worker_id: h for h in plan.hosts}
-    hosts, reasons = [], [r for r in s.reasons
-                          if not (r == "no worker 0" or (r.startswith("worker ") and r.endswith(" missing")))]
-    waiting = 0
-    for h in s.hosts:
-        info = by_worker.get(h.worker_id)
-        if h.state == "missing":
-            detail = _planned_detail(info)
-            h = dataclasses.replace(h, state="provisioning", detail=detail)
-            reasons.append(f"worker {h.worker_id} provisioning ({detail})")
-            waiting += 1
-        elif info is not None and (info.terminating or info.phase == "Failed"):
-            h = dataclasses.replace(h, detail=_planned_detail(info))
-        hosts.append(h)
-    phase = "replacing" if plan.replacing else "provisioning" if waiting else ""
-    if plan.replacing:
-        reasons.insert(0, "KubeRay is replacing the slice (its pods are recreated as a unit)")
-    return dataclasses.replace(s, hosts=hosts, reasons=list(dict.fromkeys(reasons)), phase=phase,
-                               group=plan.group, health="degraded" if reasons else s.health)
-
-
-def _absent_slice(plan: PlannedSlice) -> SliceState | None:
-    shape = _cached_shape(plan.version, plan.topology, plan.chips_per_host)
-    if isinstance(shape, InvalidTopologyError):
-        return None
-    by_worker = {h.worker_id: h for h in plan.hosts}
-    hosts = [HostState(w, None, "", "provisioning", 0, 0, None, chips_per_host=shape.chips_per_host,
-                       detail=_planned_detail(by_worker.get(w))) for w in range(shape.num_hosts)]
-    pods = sum(1 for h in plan.hosts if h.pod)
-    reasons = [f"none of {shape.num_hosts} host(s) joined Ray yet ({pods} pod(s) created)"]
-    reasons += [f"worker {h.worker_id}: {h.detail}" for h in hosts if h.detail != "pod not created yet"]
-    if plan.replacing:
-        reasons.insert(0, "KubeRay is replacing the slice (its pods are recreated as a unit)")
-    return SliceState(name=plan.name, pod_type=shape.pod_type, version=shape.version,
-                      topology=shape.topology, shape=shape, hosts=hosts, health="degraded",
-                      reasons=reasons, owners=[], phase="replacing" if plan.replacing else "provisioning",
-                      group=plan.group)
-
-
-def _apply_plan(slices: list[SliceState], planned: Iterable[PlannedSlice]) -> list[SliceState]:
-    """Merge what Kubernetes expects into the slices Ray shows (see :func:`build_snapshot`)."""
-    by_name = {s.name: s for s in slices}
-    for plan in planned:
-        if plan.name in by_name:
-            by_name[plan.name] = _with_plan(by_name[plan.name], plan)
-        else:
-            absent = _absent_slice(plan)
-            if absent is not None:
-                by_name[plan.name] = absent
-    return [by_name[n] for n in sorted(by_name)]

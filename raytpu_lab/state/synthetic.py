@@ -17,14 +17,21 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Iterable
-from typing import Any
 
+from raytpu_lab._protocols import RawNode, RawState
+from raytpu_lab.tpu.labels import (
+    LABEL_ACCELERATOR,
+    LABEL_POD_TYPE,
+    LABEL_SLICE,
+    LABEL_TOPOLOGY,
+    LABEL_WORKER,
+)
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
 
 __all__ = ["synthetic_raw_state", "mark_busy"]
 
 
-def _node(shape: SliceShape, slice_name: str, worker: int, serial: int) -> dict[str, Any]:
+def _node(shape: SliceShape, slice_name: str, worker: int, serial: int) -> RawNode:
     node_id = f"{serial:056x}"
     ip = f"10.{serial >> 16 & 255}.{serial >> 8 & 255}.{serial & 255}"
     total: dict[str, float] = {
@@ -34,22 +41,17 @@ def _node(shape: SliceShape, slice_name: str, worker: int, serial: int) -> dict[
     }
     if worker == 0:
         total[shape.head_resource] = 1.0
-    return {
-        "node_id": node_id, "alive": True, "ip": ip, "is_head": False,
-        "labels": {
-            "ray.io/tpu-slice-name": slice_name, "ray.io/tpu-worker-id": str(worker),
-            "ray.io/tpu-topology": shape.topology, "ray.io/tpu-pod-type": shape.pod_type,
-            "ray.io/accelerator-type": shape.accelerator_type,
-            "ray.io/node-group": f"tpu-{shape.version}-{shape.topology}",
-            "ray.io/node-id": node_id,
-        },
-        "resources_total": total,
-        "resources_available": dict(total),
+    labels = {
+        LABEL_SLICE: slice_name, LABEL_WORKER: str(worker), LABEL_TOPOLOGY: shape.topology,
+        LABEL_POD_TYPE: shape.pod_type, LABEL_ACCELERATOR: shape.accelerator_type,
+        "ray.io/node-group": f"tpu-{shape.version}-{shape.topology}", "ray.io/node-id": node_id,
     }
+    return RawNode(node_id=node_id, alive=True, ip=ip, is_head=False, labels=labels,
+                   resources_total=total, resources_available=dict(total))
 
 
 def synthetic_raw_state(slices: Iterable[tuple[str, int]], *,
-                        fetched_at: float = 1.7e9) -> dict[str, Any]:
+                        fetched_at: float = 1.7e9) -> RawState:
     """A raw state of idle slices plus a CPU head node.
 
     Args:
@@ -63,9 +65,9 @@ def synthetic_raw_state(slices: Iterable[tuple[str, int]], *,
     Raises:
         InvalidTopologyError: A spec names no valid slice shape.
     """
-    head = {"node_id": "f" * 56, "alive": True, "ip": "10.255.255.254", "is_head": True,
-            "labels": {}, "resources_total": {"CPU": 8.0, "node:__internal_head__": 1.0},
-            "resources_available": {"CPU": 8.0, "node:__internal_head__": 1.0}}
+    head = RawNode(node_id="f" * 56, alive=True, ip="10.255.255.254", is_head=True, labels={},
+                   resources_total={"CPU": 8.0, "node:__internal_head__": 1.0},
+                   resources_available={"CPU": 8.0, "node:__internal_head__": 1.0})
     nodes = [head]
     serial = 1
     for spec, count in slices:
@@ -75,10 +77,10 @@ def synthetic_raw_state(slices: Iterable[tuple[str, int]], *,
             for worker in range(shape.num_hosts):
                 nodes.append(_node(shape, name, worker, serial))
                 serial += 1
-    return {"fetched_at": fetched_at, "nodes": nodes, "placement_groups": []}
+    return RawState(fetched_at=fetched_at, nodes=nodes, placement_groups=[])
 
 
-def mark_busy(raw: dict[str, Any], fraction: float, *, seed: int = 0) -> dict[str, Any]:
+def mark_busy(raw: RawState, fraction: float, *, seed: int = 0) -> RawState:
     """A copy of ``raw`` where ``fraction`` of the TPU hosts have no free chip (``busy``).
 
     Ray omits an exhausted resource from ``resources_available``, so the ``TPU`` key is dropped.
@@ -96,7 +98,7 @@ def mark_busy(raw: dict[str, Any], fraction: float, *, seed: int = 0) -> dict[st
     tpu = [i for i, n in enumerate(nodes) if n["resources_total"].get("TPU")]
     count = min(len(tpu), max(1 if fraction > 0 else 0, round(len(tpu) * fraction)))
     for i in random.Random(seed).sample(tpu, count):
-        node = dict(nodes[i])
+        node = RawNode(**nodes[i])
         node["resources_available"] = {k: v for k, v in node["resources_available"].items()
                                        if k != "TPU"}
         nodes[i] = node

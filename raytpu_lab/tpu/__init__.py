@@ -53,17 +53,14 @@ Example::
 
 from __future__ import annotations
 
+from raytpu_lab.tpu.generations import GENERATIONS, Generation, normalize_version, valid_topologies
 from raytpu_lab.tpu.topology import (
-    GENERATIONS,
     Coord,
-    Generation,
     SliceShape,
     ici_links,
-    normalize_version,
     parse_spec,
     slice_shape,
     split_pod_type,
-    valid_topologies,
 )
 from raytpu_lab.tpu.unknown import UnknownShape, unknown_shape
 

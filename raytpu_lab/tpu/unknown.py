@@ -30,7 +30,8 @@ import re
 from dataclasses import dataclass
 
 from raytpu_lab.errors import InvalidTopologyError
-from raytpu_lab.tpu.topology import GENERATIONS, Coord, normalize_version
+from raytpu_lab.tpu.generations import GENERATIONS, HOST_BLOCK_2D, TOPOLOGY_RE, normalize_version
+from raytpu_lab.tpu.topology import Coord, check_worker_id
 
 __all__ = ["MAX_UNKNOWN_HOSTS", "UnknownShape", "unknown_shape"]
 
@@ -38,16 +39,13 @@ MAX_UNKNOWN_HOSTS = 4096
 """Most hosts drawn for a slice whose host count only its worker ids tell (a stray worker id
 must not draw a million missing hosts)."""
 
-_TOPOLOGY_RE = re.compile(r"^\d+(x\d+){1,2}$")
-# The block of chips one host is drawn with (x, y), as SliceShape's for 1, 2, 4 and 8 chips.
-_BLOCKS = {1: (1, 1), 2: (1, 2), 4: (2, 2), 8: (2, 4)}
 
 
 def _block(chips: int) -> tuple[int, int]:
     """``(x, y)`` with ``x * y == chips`` and ``x <= y`` as near as possible (6 -> (2, 3))."""
     n = max(1, chips)
-    if n in _BLOCKS:
-        return _BLOCKS[n]
+    if n in HOST_BLOCK_2D:  # as SliceShape's hosts of 1, 2, 4 and 8 chips
+        return HOST_BLOCK_2D[n]
     x = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
     return x, n // x
 
@@ -121,12 +119,8 @@ class UnknownShape:
         Raises:
             InvalidTopologyError: ``worker_id`` is outside ``0 .. num_hosts - 1``.
         """
-        if not 0 <= worker_id < self.num_hosts:
-            raise InvalidTopologyError(
-                f"Worker {worker_id} is not in slice of unknown shape {self.spec}.",
-                f"It is drawn with {self.num_hosts} host(s), worker ids 0..{self.num_hosts - 1}.",
-                "Use a worker id in that range.",
-            )
+        check_worker_id(worker_id, self.num_hosts, f"slice of unknown shape {self.spec}",
+                        drawn=True)
         x = self.host_grid[0]
         return worker_id % x, worker_id // x
 
@@ -173,7 +167,7 @@ def unknown_shape(pod_type: str | None, accelerator: str | None, topology: str |
     tail = pod.rpartition("-")[2]
     cores = int(tail) if pod and tail.isdecimal() else 0
     cores_per_chip = GENERATIONS[version].cores_per_chip if known else 0
-    named_chips = math.prod(int(d) for d in topo.split("x")) if _TOPOLOGY_RE.match(topo) else 0
+    named_chips = math.prod(int(d) for d in topo.split("x")) if TOPOLOGY_RE.match(topo) else 0
     if cores and cores_per_chip and named_chips and cores != named_chips * cores_per_chip:
         notes.append(f"labels inconsistent: pod type {pod} is {cores // cores_per_chip} chip(s), "
                      f"topology {topo} is {named_chips}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ray.util.placement_group import placement_group
@@ -59,7 +59,7 @@ class SliceLoan:
     """
 
     def __init__(self, res: Reservation, snapshot: Callable[[], ClusterSnapshot],
-                 raw_state: Callable[[], dict[str, Any]], *, wait_s: float = 60.0,
+                 raw_state: Callable[[], Mapping[str, Any]], *, wait_s: float = 60.0,
                  poll_s: float = 0.2) -> None:
         self.res = res
         self._snapshot = snapshot

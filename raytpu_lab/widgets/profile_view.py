@@ -17,7 +17,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from raytpu_lab.state.model import ClusterSnapshot
+from raytpu_lab.state.snapshot import ClusterSnapshot
 from raytpu_lab.train.profile_analysis import ProfileReport
 from raytpu_lab.widgets.svg import render_svg, svg_img
 
@@ -142,7 +142,7 @@ class ProfileView:
                         f"{svg_img(skew_map, 'skew per host')}</div>")
         return head + skew_map + tables + one_liner
 
-    def figure_bundle(self) -> dict[str, Any] | None:
+    def figure_bundle(self) -> dict[str, object] | None:
         """The figure as plotly's mime bundle (``None`` when there is nothing to draw)."""
         r = self.report
         if not (r.breakdown or r.skew_s):
@@ -158,8 +158,8 @@ class ProfileView:
 
         fig = self.figure_bundle()
         if fig is not None:
-            display(fig, raw=True)
-        display(self._repr_mimebundle_(), raw=True)
+            display(fig, raw=True)  # type: ignore[no-untyped-call]
+        display(self._repr_mimebundle_(), raw=True)  # type: ignore[no-untyped-call]
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
         return {"text/plain": self.text(), "text/html": self.html()}

@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 
-from raytpu_lab.state.model import ClusterSnapshot, HostState, SliceState
+from raytpu_lab.state.snapshot import ClusterSnapshot, HostState, SliceState
 
 __all__ = [
     "STATE_COLORS",

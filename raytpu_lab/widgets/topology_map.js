@@ -1,7 +1,7 @@
-// Live TPU topology map: the front end of raytpu_lab.widgets.topology_map.TopologyMap.
-//
-// Plain DOM + SVG, no libraries, no network. The protocol (geometry trait, "full" / "delta" /
-// "details" messages) is described in topology_map.py. DOM contract used by the browser tests:
+// Live TPU topology map, the front end of raytpu_lab.widgets.topology_map.TopologyMap. Plain DOM + SVG.
+// Protocol (geometry/selected traits, full/delta/details messages, row columns SLICE_ROW, HOST_ROW,
+// NODE_ROW): declared once in raytpu_lab/_protocols.py; tests/unit/test_map_protocol.py checks the
+// names read here. No libraries, no network. DOM contract used by the browser tests:
 // root .raytpu-map; .slice[data-slice] (class "highlight" when highlighted); .host[data-slice]
 // [data-worker][data-state]; .chip[data-state]; status text in .raytpu-map-status;
 // .dcn-link[data-from][data-to] between consecutive slices of a multi-slice group (trait dcn).
@@ -160,8 +160,8 @@ function render({ model, el }) {
   function paintSlice(si) {
     const e = sliceEls[si];
     if (!e || !data) return;
-    const [title, st, reasons] = data.slices[si];
-    e.setAttribute("data-state", st);
+    const [title, state, reasons] = data.slices[si];
+    e.setAttribute("data-state", state);
     const fit = (node, text) => {
       if (!node) return;
       const n = +node.getAttribute("data-chars") || 80;
@@ -375,7 +375,7 @@ function render({ model, el }) {
   }
 
   function applyDelta(msg) {
-    for (const [si, title, st, reasons] of msg.s) { data.slices[si] = [title, st, reasons]; }
+    for (const [si, title, state, reasons] of msg.s) { data.slices[si] = [title, state, reasons]; }
     for (const [si, w, ...row] of msg.h) { data.hosts[si][w] = row; paintHost(si, w); }
     for (const [si, w, ...node] of msg.n) { data.nodes[si][w] = node; }
     for (const [si, w] of [...msg.h, ...msg.n]) details.delete(`${slices()[si].name}/${w}`);
@@ -422,13 +422,13 @@ function render({ model, el }) {
     if (!data || !data.hosts[si]) return;
     const g = slices()[si];
     const [code, free, reserved, busy, owner] = data.hosts[si][w];
-    const [nodeId, ip] = data.nodes[si][w];
+    const [node_id, ip] = data.nodes[si][w];
     const d = details.get(`${g.name}/${w}`);
     const lines = [`${g.name} worker ${w}${w === 0 ? " (head)" : ""}`, `state ${states()[code]}`,
-      `node ${nodeId || "-"}`, `IP ${ip || "-"}`,
+      `node ${node_id || "-"}`, `IP ${ip || "-"}`,
       `chips ${free} free · ${reserved} reserved · ${busy} busy`, `owner ${owner || "-"}`];
     if (d && d.labels) lines.push("labels:", ...Object.entries(d.labels).map(([k, v]) => `  ${k}=${v}`));
-    else if (nodeId) lines.push("labels: …");
+    else if (node_id) lines.push("labels: …");
     tip.textContent = lines.join("\n");
     tip.style.display = "block";
   }

@@ -1,34 +1,18 @@
 """The live topology map: an anywidget drawing each slice as its host grid, updated by deltas.
 
-Sync protocol (Python -> front end), chosen so a refresh of a 4,096-host pod sends a few KB:
+Sync protocol (Python -> front end), chosen so a refresh of a 4,096-host pod sends a few KB: the
+``geometry`` trait (changes only when the set of slices or their shapes changes), a ``full``
+message with every host (sent when a view asks, ``{"type": "request_full"}``, which each view does
+on render, and after every re-layout), a ``delta`` message with only what changed (nothing at all
+when nothing changed; a view whose ``rev`` is not the delta's ``base`` asks for a full state), and
+``details`` answers to a view's hover (labels are large and rarely looked at, so they are never
+part of full or delta messages). Every field of these is declared once, with the JS's names for
+the positional host rows, in :mod:`raytpu_lab._protocols` (its "Topology map wire protocol").
 
-- Trait ``geometry`` (synced dict; changes only when the set of slices or their shapes changes):
-  ``{"rev": L, "states": HOST_STATES, "colors": STATE_COLORS, "summary_hosts": 256,
-  "chips_hosts": 64, "slices": [{"name", "pod_type", "topology", "ndims", "dims", "grid",
-  "block", "wrap", "hosts", "known"}]}``. ``grid`` is hosts per axis, ``block`` chips per host per
-  axis; the view derives every host and chip position from them (worker ids run row-major, x
-  fastest, as :meth:`~raytpu_lab.tpu.topology.SliceShape.host_coords`). ``known`` is false for a
-  slice whose labels name no shape in the tables: its grid is schematic
-  (:class:`~raytpu_lab.tpu.unknown.UnknownShape`) and the view draws no ICI links on it.
-- Custom message ``{"type": "full", "geometry_rev": L, "rev": R, "slices": [[title, state,
-  reasons], ...], "hosts": [[[code, free, reserved, busy, owner], ...] per slice],
-  "nodes": [[[node_id, ip], ...] per slice], "other": n, "pending": [...]}``: every host, sent
-  when a view asks (``{"type": "request_full"}``, which each view does on render, so a second view
-  of the same widget is complete) and after every re-layout. ``code`` indexes ``states``.
-- Custom message ``{"type": "delta", "geometry_rev": L, "base": R - 1, "rev": R, "s":
-  [[slice_index, title, state, reasons]], "h": [[slice_index, worker, code, free, reserved,
-  busy, owner]], "n": [[slice_index, worker, node_id, ip]]}``: only what changed since the last
-  snapshot; nothing at all is sent when nothing changed. A view whose ``rev`` is not ``base`` (or
-  whose geometry is older) asks for a full state instead of applying it.
-- Custom message ``{"type": "details", "slice", "worker"}`` from a view (hover) is answered with
-  the host's labels, node id, IP and owner: labels are large and rarely looked at, so they are
-  never part of full or delta messages.
-- Trait ``dcn`` (list of multi-slice groups, each the slice names of one run in
-  ``MEGASCALE_SLICE_ID`` order): the view joins consecutive slices of a group with a dashed link
-  badged "DCN" (``.dcn-link[data-from][data-to]``).
-- Traits ``highlight`` (list of slice names), ``status`` (text for the status line) and
-  ``selected`` (set by the view: ``{"slice", "worker", "node_id"}`` for a host click,
-  ``{"slice"}`` for a slice-title click, ``{}`` for none).
+Other traits: ``dcn`` (list of multi-slice groups, each the slice names of one run in
+``MEGASCALE_SLICE_ID`` order; the view joins consecutive slices of a group with a dashed link
+badged "DCN", ``.dcn-link[data-from][data-to]``), ``highlight`` (list of slice names), ``status``
+(text for the status line) and ``selected`` (set by the view, :class:`~raytpu_lab._protocols.Selected`).
 
 Trait changes of one :meth:`TopologyMap.update` are batched with ``hold_sync()``; :meth:`update`
 is safe to call from a refresher thread. The display also carries ``text/plain``
@@ -42,14 +26,27 @@ from __future__ import annotations
 
 import pathlib
 import threading
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeAlias
 
 import anywidget
 import ipywidgets
 import traitlets
 
-from raytpu_lab.state.model import HOST_STATES, ClusterSnapshot, SliceState
+from raytpu_lab._protocols import (
+    DeltaMessage,
+    DetailsMessage,
+    FullMessage,
+    Geometry,
+    HostChange,
+    HostRow,
+    NodeChange,
+    NodeRow,
+    SliceChange,
+    SliceGeometry,
+    SliceRow,
+)
+from raytpu_lab.state.snapshot import HOST_STATES, ClusterSnapshot, SliceState
 from raytpu_lab.widgets.svg import (
     MAX_HOSTS_WITH_CHIPS,
     STATE_COLORS,
@@ -64,29 +61,27 @@ SUMMARY_HOSTS = 256
 """Above this many hosts in total, the view draws one summary tile per slice (click expands)."""
 
 _CODE = {state: i for i, state in enumerate(HOST_STATES)}
-_HostRow = tuple[int, int, int, int, "str | None"]
-_NodeRow = tuple["str | None", str]
-_SliceRow = tuple[str, str, str]
+_GeometryKey: TypeAlias = tuple[tuple[str, str, str, int, int], ...]
 
 
-def _geometry_key(snapshot: ClusterSnapshot) -> tuple[tuple[str, str, str, int, int], ...]:
+def _geometry_key(snapshot: ClusterSnapshot) -> _GeometryKey:
     return tuple((s.name, s.version, s.topology, s.shape.chips_per_host, len(s.hosts))
                  for s in snapshot.slices)
 
 
-def _slice_geometry(s: SliceState) -> dict[str, Any]:
+def _slice_geometry(s: SliceState) -> SliceGeometry:
     shape = s.shape
-    return {"name": s.name, "pod_type": s.pod_type, "topology": s.topology,
-            "ndims": len(shape.dims), "dims": list(shape.dims), "grid": list(shape.host_grid),
-            "block": list(shape.chips_per_host_bounds), "wrap": list(shape.wraparound),
-            "hosts": len(s.hosts), "known": s.shape_known}
+    return SliceGeometry(name=s.name, pod_type=s.pod_type, topology=s.topology,
+                         ndims=len(shape.dims), dims=list(shape.dims), grid=list(shape.host_grid),
+                         block=list(shape.chips_per_host_bounds), wrap=list(shape.wraparound),
+                         hosts=len(s.hosts), known=s.shape_known)
 
 
 def _rows(snapshot: ClusterSnapshot
-          ) -> tuple[list[_SliceRow], list[list[_HostRow]], list[list[_NodeRow]]]:
-    slices: list[_SliceRow] = []
-    hosts: list[list[_HostRow]] = []
-    nodes: list[list[_NodeRow]] = []
+          ) -> tuple[list[SliceRow], list[list[HostRow]], list[list[NodeRow]]]:
+    slices: list[SliceRow] = []
+    hosts: list[list[HostRow]] = []
+    nodes: list[list[NodeRow]] = []
     code = _CODE
     for s in snapshot.slices:
         slices.append((slice_title(s), s.state, "; ".join(s.reasons)))
@@ -96,11 +91,15 @@ def _rows(snapshot: ClusterSnapshot
     return slices, hosts, nodes
 
 
-def _changed(si: int, old: list[Any], new: list[Any]) -> list[list[Any]]:
-    return [[si, w, *n] for w, (o, n) in enumerate(zip(old, new, strict=True)) if o != n]
+def _host_changes(si: int, old: list[HostRow], new: list[HostRow]) -> list[HostChange]:
+    return [(si, w, *n) for w, (o, n) in enumerate(zip(old, new, strict=True)) if o != n]
 
 
-class TopologyMap(anywidget.AnyWidget):  # type: ignore[misc]
+def _node_changes(si: int, old: list[NodeRow], new: list[NodeRow]) -> list[NodeChange]:
+    return [(si, w, *n) for w, (o, n) in enumerate(zip(old, new, strict=True)) if o != n]
+
+
+class TopologyMap(anywidget.AnyWidget):
     """Live map of a cluster's TPU slices, hosts and chips.
 
     Args:
@@ -130,10 +129,10 @@ class TopologyMap(anywidget.AnyWidget):  # type: ignore[misc]
         super().__init__()
         self._lock = threading.RLock()
         self._snapshot: ClusterSnapshot | None = None
-        self._key: tuple[Any, ...] | None = None
-        self._slices: list[_SliceRow] = []
-        self._hosts: list[list[_HostRow]] = []
-        self._nodes: list[list[_NodeRow]] = []
+        self._key: _GeometryKey | None = None
+        self._slices: list[SliceRow] = []
+        self._hosts: list[list[HostRow]] = []
+        self._nodes: list[list[NodeRow]] = []
         self._extra: tuple[int, tuple[str, ...]] = (0, ())
         self._rev = 0
         self._geometry_rev = 0
@@ -176,7 +175,7 @@ class TopologyMap(anywidget.AnyWidget):  # type: ignore[misc]
                 self._geometry_rev += 1
                 self._rev += 1
                 with self.hold_sync():
-                    self.geometry = self._geometry_dict(snapshot)
+                    self.geometry = dict(self._geometry_dict(snapshot))
                 self.send(self._full_message())  # after the geometry: views draw it first
                 return
             delta = self._delta(slices, hosts, nodes, extra)
@@ -210,55 +209,58 @@ class TopologyMap(anywidget.AnyWidget):  # type: ignore[misc]
 
     # --- messages --------------------------------------------------------------------------------
 
-    def _geometry_dict(self, snapshot: ClusterSnapshot) -> dict[str, Any]:
-        return {"rev": self._geometry_rev, "states": list(HOST_STATES),
-                "colors": dict(STATE_COLORS), "summary_hosts": SUMMARY_HOSTS,
-                "chips_hosts": MAX_HOSTS_WITH_CHIPS,
-                "slices": [_slice_geometry(s) for s in snapshot.slices]}
+    def _geometry_dict(self, snapshot: ClusterSnapshot) -> Geometry:
+        return Geometry(rev=self._geometry_rev, states=list(HOST_STATES),
+                        colors=dict(STATE_COLORS), summary_hosts=SUMMARY_HOSTS,
+                        chips_hosts=MAX_HOSTS_WITH_CHIPS,
+                        slices=[_slice_geometry(s) for s in snapshot.slices])
 
-    def _full_message(self) -> dict[str, Any]:
+    def _full_message(self) -> FullMessage:
+        # Rows are tuples; the comm's JSON sends them as the arrays the view destructures.
         with self._lock:
-            return {"type": "full", "geometry_rev": self._geometry_rev, "rev": self._rev,
-                    "slices": [list(r) for r in self._slices],
-                    "hosts": [[list(r) for r in rows] for rows in self._hosts],
-                    "nodes": [[list(r) for r in rows] for rows in self._nodes],
-                    "other": self._extra[0], "pending": list(self._extra[1])}
+            return FullMessage(type="full", geometry_rev=self._geometry_rev, rev=self._rev,
+                               slices=list(self._slices),
+                               hosts=[list(rows) for rows in self._hosts],
+                               nodes=[list(rows) for rows in self._nodes],
+                               other=self._extra[0], pending=list(self._extra[1]))
 
-    def _delta(self, slices: list[_SliceRow], hosts: list[list[_HostRow]],
-               nodes: list[list[_NodeRow]], extra: tuple[int, tuple[str, ...]]
-               ) -> dict[str, Any] | None:
-        s_changes = [[i, *new] for i, (old, new) in enumerate(zip(self._slices, slices,
-                                                                    strict=True)) if old != new]
-        h_changes: list[list[Any]] = []
-        n_changes: list[list[Any]] = []
+    def _delta(self, slices: list[SliceRow], hosts: list[list[HostRow]],
+               nodes: list[list[NodeRow]], extra: tuple[int, tuple[str, ...]]
+               ) -> DeltaMessage | None:
+        s_changes: list[SliceChange] = [
+            (i, *new) for i, (old, new) in enumerate(zip(self._slices, slices, strict=True))
+            if old != new]
+        h_changes: list[HostChange] = []
+        n_changes: list[NodeChange] = []
         for i in range(len(hosts)):
             if self._hosts[i] != hosts[i]:  # list equality in C: unchanged slices cost ~nothing
-                h_changes.extend(_changed(i, self._hosts[i], hosts[i]))
+                h_changes.extend(_host_changes(i, self._hosts[i], hosts[i]))
             if self._nodes[i] != nodes[i]:
-                n_changes.extend(_changed(i, self._nodes[i], nodes[i]))
+                n_changes.extend(_node_changes(i, self._nodes[i], nodes[i]))
         self._slices, self._hosts, self._nodes = slices, hosts, nodes
         if not (s_changes or h_changes or n_changes or extra != self._extra):
             return None
         self._extra = extra
         self._rev += 1
-        return {"type": "delta", "geometry_rev": self._geometry_rev, "base": self._rev - 1,
-                "rev": self._rev, "s": s_changes, "h": h_changes, "n": n_changes,
-                "other": extra[0], "pending": list(extra[1])}
+        return DeltaMessage(type="delta", geometry_rev=self._geometry_rev, base=self._rev - 1,
+                            rev=self._rev, s=s_changes, h=h_changes, n=n_changes,
+                            other=extra[0], pending=list(extra[1]))
 
-    def _details(self, slice_name: str, worker: int) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": "details", "slice": slice_name, "worker": worker}
+    def _details(self, slice_name: str, worker: int) -> DetailsMessage:
+        out = DetailsMessage(type="details", slice=slice_name, worker=worker)
         snap = self._snapshot
         try:
             host = snap.slice(slice_name).hosts[worker] if snap else None
         except (KeyError, IndexError):
             host = None
         if host is not None:
-            out.update(node_id=host.node_id, ip=host.ip, owner=host.owner,
-                       labels=dict(host.labels))
+            out["node_id"], out["ip"], out["owner"] = host.node_id, host.ip, host.owner
+            out["labels"] = dict(host.labels)
         return out
 
-    def _on_view_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
-        if not isinstance(content, dict):
+    def _on_view_msg(self, _widget: object, content: object, _buffers: object) -> None:
+        """Answer a :data:`~raytpu_lab._protocols.ViewMessage`; anything else is ignored."""
+        if not isinstance(content, Mapping):
             return
         kind = content.get("type")
         if kind == "request_full":
@@ -272,7 +274,7 @@ class TopologyMap(anywidget.AnyWidget):  # type: ignore[misc]
 
     # --- display ---------------------------------------------------------------------------------
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, object], dict[str, object]]:
         """The widget view plus ``text/plain`` (status table) and ``text/html`` (static SVG map).
 
         ipywidgets / anywidget put only the widget-view reference and a one-line repr in the

@@ -10,15 +10,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from html import escape
-from typing import Any
+from typing import Any, Protocol
 
 from raytpu_lab.train.xla_profile import CompileTrend
 
-__all__ = ["XlaMetricsView", "XLA_COLUMNS"]
+__all__ = ["XlaMetricsView", "TorchRunMetrics", "XLA_COLUMNS"]
 
 XLA_COLUMNS = (("compile", "compiles"), ("execute", "executions"),
                ("transfer_to_device", "to device"), ("transfer_from_device", "from device"))
 """``(metric key part, column title)``: ``xla_<part>_count`` and ``xla_<part>_time_s``."""
+
+
+class TorchRunMetrics(Protocol):
+    """What :meth:`XlaMetricsView.of` reads off a run (``TorchRunResult`` has it)."""
+
+    @property
+    def xla_metrics(self) -> Mapping[int, Mapping[str, object]]: ...
+
+    @property
+    def chip_placement(self) -> Mapping[int, Mapping[str, object]]: ...
+
+    def compile_trends(self) -> Mapping[int, CompileTrend]: ...
 
 
 class XlaMetricsView:
@@ -36,15 +48,15 @@ class XlaMetricsView:
         display(XlaMetricsView.of(last_run))
     """
 
-    def __init__(self, metrics: Mapping[int, Mapping[str, Any]],
+    def __init__(self, metrics: Mapping[int, Mapping[str, object]],
                  trends: Mapping[int, CompileTrend],
-                 placement: Mapping[int, Mapping[str, Any]] | None = None) -> None:
+                 placement: Mapping[int, Mapping[str, object]] | None = None) -> None:
         self.metrics = dict(metrics)
         self.trends = dict(trends)
         self.placement = dict(placement or {})
 
     @classmethod
-    def of(cls, run: Any) -> XlaMetricsView:
+    def of(cls, run: TorchRunMetrics) -> XlaMetricsView:
         """The view of a ``TorchRunResult``."""
         return cls(run.xla_metrics, run.compile_trends(), run.chip_placement)
 

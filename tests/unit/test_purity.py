@@ -14,11 +14,17 @@ FORBIDDEN = ("ray", "IPython", "ipykernel", "requests", "urllib3", "httpx", "aio
 
 
 PURE_MODULES = [
+    "raytpu_lab._protocols",
     "raytpu_lab.tpu",
+    "raytpu_lab.tpu.generations",
+    "raytpu_lab.tpu.labels",
     "raytpu_lab.tpu.topology",
     "raytpu_lab.tpu.unknown",
     "raytpu_lab.state",
     "raytpu_lab.state.model",
+    "raytpu_lab.state.snapshot",
+    "raytpu_lab.state.planned",
+    "raytpu_lab.state.synthetic",
     "raytpu_lab.state.reservations",
     "raytpu_lab.widgets.svg",
     "raytpu_lab.train.profile",

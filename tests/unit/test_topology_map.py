@@ -30,8 +30,10 @@ def _snap(name: str) -> ClusterSnapshot:
 
 
 def _capture(m: TopologyMap) -> list[dict[str, Any]]:
+    """Collect what ``m`` sends as the view receives it: through JSON (rows are tuples here)."""
     sent: list[dict[str, Any]] = []
-    m.send = lambda content, buffers=None: sent.append(content)  # type: ignore[method-assign]
+    m.send = lambda content, buffers=None: sent.append(  # type: ignore[method-assign]
+        json.loads(json.dumps(content)))
     return sent
 
 
@@ -286,7 +288,7 @@ def test_unknown_shape_slice_gets_a_schematic_geometry_and_its_hosts() -> None:
                                    "ndims": 2, "dims": [2, 2], "grid": [1, 1], "block": [2, 2],
                                    "wrap": [False, False], "hosts": 1, "known": False}
         assert geo[S0]["known"] is True
-        full = m._full_message()
+        full = json.loads(json.dumps(m._full_message()))  # as the view receives it
         si = [g["name"] for g in m.geometry["slices"]].index("tpu-v2-8")
         title, state, reasons = full["slices"][si]
         assert (state, full["hosts"][si]) == ("degraded", [[0, 4, 0, 0, None]])
