@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbformat
 
-from raytpu_lab.demo import export_html
+from tools.demo import export_html
 from raytpu_lab.state import build_snapshot
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.result import RunResult
