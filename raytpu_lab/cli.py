@@ -92,7 +92,7 @@ def _up(args: argparse.Namespace) -> int:
         if args.tpu:
             print("raytpu up: give --manifest or --tpu, not both.", file=sys.stderr)
             return 2
-        from raytpu_lab.cluster.kuberay_emulator import up_from_manifest
+        from raytpu_lab.kuberay.emulate import up_from_manifest
 
         cluster = up_from_manifest(args.manifest, name=args.name, timeout_s=args.timeout,
                                    progress=_progress)

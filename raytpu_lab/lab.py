@@ -1,43 +1,40 @@
-"""The session API: one :class:`Lab` per kernel does everything the ``%raytpu`` magics do.
+"""The session API: one :class:`Session` per kernel does everything the ``%raytpu`` magics do.
 
-Connect (emulator, GCS address or Ray Client), read the cluster as a snapshot, reserve and release
-whole slices, and launch ``JaxTrainer`` runs. The magics parse arguments and call these methods;
-every method works the same from a plain Python script.
+The session wires small services, each in its own module and each reading the cluster through
+one :class:`~raytpu_lab.session.reader.StateReader` (tests build them around a fake one):
+:class:`~raytpu_lab.session.connection.Connection` (emulator, GCS address or Ray Client),
+:class:`~raytpu_lab.reservations.service.ReservationService` (whole slices held),
+:class:`~raytpu_lab.session.hosts.HostSessions` (per-host processes of a reservation),
+:class:`~raytpu_lab.session.kuberay_control.KubeRayControl` (RayClusters on Kubernetes) and
+:class:`~raytpu_lab.session.map_feed.MapFeed` (the refresher, live map and status). Its methods
+only delegate; every method works the same from a plain Python script. ``Lab`` and
+:func:`get_lab` are the names notebooks use.
 """
 
 from __future__ import annotations
 
 import atexit
-import itertools
-import math
-import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import ray
-
-from raytpu_lab import _ray_private
+from raytpu_lab._checks import require_positive as _require_positive
 from raytpu_lab.cluster import emulator
-from raytpu_lab.cluster.connect import connect, disconnect, probe, wait_for_nodes
-from raytpu_lab.errors import (
-    ConnectError,
-    EmulatorError,
-    NoSliceAvailableError,
-    NotConnectedError,
-    RaytpuError,
-    ReservationError,
-    TrainingConfigError,
-)
-from raytpu_lab.refresher import Refresher
-from raytpu_lab.reserve import Reservation, adopt, diagnose, reserve
-from raytpu_lab.spmd import CellResult, SliceSession, check_cell
-from raytpu_lab.state.fetch import fetch_placement_group_lifetimes, fetch_raw_state
-from raytpu_lab.state.model import ClusterSnapshot, build_snapshot
-from raytpu_lab.state.reservations import ReservationInfo, list_reservations
-from raytpu_lab.tpu.topology import SliceShape, parse_spec
+from raytpu_lab.errors import NoSliceAvailableError, ReservationError, TrainingConfigError
+from raytpu_lab.reservations.service import ReservationService
+from raytpu_lab.reservations.slices import Reservation, diagnose
+from raytpu_lab.reservations.spmd import CellResult, SliceSession
+from raytpu_lab.session.connection import Connection
+from raytpu_lab.session.hosts import HostSessions
+from raytpu_lab.session.kuberay_control import KubeRayControl
+from raytpu_lab.session.map_feed import MapFeed
+from raytpu_lab.session.reader import SnapshotContext, StateReader
+from raytpu_lab.state.fetch import fetch_raw_state
+from raytpu_lab.state.model import ClusterSnapshot
+from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.launch import RunHandle, RunListener, RunResult, RunUpdate, start_jax
 from raytpu_lab.train.on_reservation import SliceLoan
 from raytpu_lab.train.profile import parse_profile_window
@@ -45,43 +42,29 @@ from raytpu_lab.train.profile_analysis import ProfileReport
 from raytpu_lab.train.profile_load import load_profile
 from raytpu_lab.train.torch_run import TorchRunResult, check_torch_run, is_emulated, start_torch
 from raytpu_lab.train.worker_tap import accepts_config, check_names
-from raytpu_lab.widgets.status import StatusView
-from raytpu_lab.widgets.topology_map import TopologyMap
 
 if TYPE_CHECKING:
-    from raytpu_lab.cluster.kuberay_connect import KubeRayTarget
+    from raytpu_lab.kuberay.connect import KubeRayTarget
+    from raytpu_lab.reservations.info import ReservationInfo
+    from raytpu_lab.widgets.status import StatusView
+    from raytpu_lab.widgets.topology_map import TopologyMap
 
-__all__ = ["Lab", "get_lab"]
-
-_NODE_JOIN_TIMEOUT_S = 90.0
-
-
-def default_address() -> str:
-    """The Ray address to use when none is given: ``$RAY_ADDRESS``, else the one emulated
-    cluster running on this machine.
-
-    Raises:
-        ConnectError: Neither is there, or several emulated clusters run (they are listed).
-    """
-    env = os.environ.get("RAY_ADDRESS", "").strip()
-    if env:
-        return env
-    clusters = emulator.running()
-    if len(clusters) == 1:
-        return clusters[0].address
-    if clusters:
-        listed = "; ".join(f"{c.name} at {c.address}" for c in clusters)
-        raise ConnectError(f"{len(clusters)} emulated clusters run on this machine; which one?",
-                           why=listed, fix="Give its address: %raytpu connect ADDRESS.")
-    raise ConnectError("No Ray cluster to connect to: no address given, RAY_ADDRESS is not set "
-                       "and no emulated cluster runs on this machine.",
-                       fix="Give the address (%raytpu connect HOST:6379, or ray://HOST:10001), "
-                           "connect to a RayCluster on Kubernetes (%raytpu connect --kuberay "
-                           "NAME), or start an emulated cluster (%raytpu up).")
+__all__ = ["Lab", "Session", "get_lab", "use_session"]
 
 
-class Lab:
+def _forwarded(service: str, name: str, doc: str) -> Any:
+    """An attribute of the session that is attribute ``name`` of its service ``service``."""
+    return property(lambda self: getattr(getattr(self, service), name),
+                    lambda self, value: setattr(getattr(self, service), name, value), doc=doc)
+
+
+class Session:
     """A notebook's view of one Ray cluster with TPU slices.
+
+    Args:
+        reader: How the services read the cluster; Ray through :mod:`raytpu_lab.state.fetch`
+            when ``None`` (tests pass a :class:`~raytpu_lab.session.reader.StateReader` over
+            recorded or synthetic states).
 
     Attributes:
         address: The Ray address this session is connected to, or ``None``.
@@ -90,28 +73,34 @@ class Lab:
         kuberay: The RayCluster on Kubernetes this session connected to
             (:meth:`connect_kuberay`), or ``None``.
         last_profile: The analysis of the most recent profiled run (``train_jax(profile=...)``).
+        connection, reservation_service, hosts, kube, feed: The services.
     """
 
-    def __init__(self) -> None:
-        self.address: str | None = None
-        self.cluster: emulator.EmulatedCluster | None = None
+    def __init__(self, reader: StateReader | None = None) -> None:
+        self.reader = reader or StateReader(connected=lambda: self.connected)
+        self.reader.context = self._snapshot_context  # what this session adds to Ray's view
+        self.connection = Connection(self.reader, on_switch=self._leave_cluster)
+        self.reservation_service = ReservationService(self.reader, on_release=self._close_sessions)
+        self.hosts = HostSessions(self.reservation_service)
+        self.kube = KubeRayControl(self.connect)
+        self.feed = MapFeed(self.snapshot, own_slices=self.reservation_service.own_slices)
         self.last_run: RunResult | None = None
         self.last_profile: ProfileReport | None = None
-        self._reservations: dict[str, Reservation] = {}
-        self._names = itertools.count(1)
-        self._jobs: dict[str, str] = {}  # placement group id -> "run <name>", while it runs
-        self.refresher = Refresher(self.snapshot)
-        self._map: TopologyMap | None = None
-        self.kuberay: KubeRayTarget | None = None
-        self._sessions: dict[str, SliceSession] = {}  # reservation name -> its host processes
-        self._started: emulator.EmulatedCluster | None = None  # what `up` started, until `down`
 
     # -- cluster ---------------------------------------------------------------------------
+
+    address = _forwarded("connection", "address", "The Ray address connected to, or ``None``.")
+    cluster = _forwarded("connection", "cluster", "The emulated cluster connected to, or ``None``.")
+    started_cluster = _forwarded(
+        "connection", "started", "The emulated cluster this session started with :meth:`up` "
+        "(stopped by :meth:`down` and when the kernel exits), or ``None``.")
+    kuberay = _forwarded("kube", "target", "The connected RayCluster on Kubernetes, or ``None``.")
+    refresher = _forwarded("feed", "refresher", "The session's one poller feeding every live view.")
 
     @property
     def connected(self) -> bool:
         """Whether this process is a Ray driver connected through this session."""
-        return self.address is not None and ray.is_initialized()
+        return self.connection.connected
 
     def up(self, tpu: str = "v6e:4x4", slices: int = 2, *, name: str | None = None,
            timeout_s: float = 180.0,
@@ -127,13 +116,12 @@ class Lab:
             timeout_s: Seconds to wait for every node to start.
             manifest: A RayCluster manifest (file path or dict) to emulate instead of ``tpu`` /
                 ``slices``: its TPU worker groups, slices, hosts and container env
-                (:mod:`raytpu_lab.cluster.kuberay_emulator`).
+                (:mod:`raytpu_lab.kuberay.emulate`).
             progress: Called as ``progress(hosts up, hosts expected)`` while hosts start.
 
         An emulated cluster of this name that already runs with at least the slices asked for
-        (started by ``raytpu up``, another notebook, or before a kernel restart) is joined instead:
-        nothing is started, and :meth:`down` leaves it running (:attr:`started_cluster` is
-        ``None``).
+        is joined instead: nothing is started, and :meth:`down` leaves it running
+        (:attr:`started_cluster` is ``None``).
 
         Returns:
             The running cluster (``address``, ``dashboard_url``, ``hosts``).
@@ -144,55 +132,16 @@ class Lab:
             EmulatorError: A cluster with this name runs already without the slices asked for
                 (the message says how to reach or stop it), or nodes failed to start or join.
         """
-        started = True
-        if manifest is not None:
-            from raytpu_lab.cluster.kuberay_emulator import up_from_manifest
-
-            cluster = up_from_manifest(manifest, name=name, timeout_s=timeout_s,
-                                       progress=progress)
-        else:
-            parse_spec(tpu)
-            running = emulator.find(name or emulator.DEFAULT_NAME)
-            if running is not None and not _answers(running.address):
-                # Left half-stopped (a kernel killed while it stopped its cluster): its head no
-                # longer answers, so nobody can be using it; stop what is left, start anew.
-                running.down(timeout_s=2.0)
-                running = None
-            if running is not None and running.holds([(tpu, slices)]):
-                # Re-running a notebook's `up` cell (after a kernel restart, or many notebooks
-                # in one test session) joins the cluster that already has what it asks for.
-                cluster, started = running, False
-            else:
-                cluster = emulator.up([(tpu, slices)], name=name or emulator.DEFAULT_NAME,
-                                      timeout_s=timeout_s, progress=progress)
-        try:
-            self.connect(cluster.address)
-            expected = len(cluster.hosts) + 1
-            seen = wait_for_nodes(_alive_nodes, expected, _NODE_JOIN_TIMEOUT_S)
-            if seen < expected:
-                raise EmulatorError(
-                    f"Only {seen} of {expected} emulated nodes joined Ray within "
-                    f"{_NODE_JOIN_TIMEOUT_S:.0f} s.",
-                    why=f"Node logs are in {cluster.folder / 'logs'}.",
-                    fix=f"Start fewer slices, or check memory (about "
-                        f"{emulator.HOST_MEMORY_BYTES // 2**20} MB per host).")
-        except BaseException:
-            self.address = None
-            disconnect()
-            if started:
-                cluster.down()
-            raise
-        self.cluster = cluster
-        self._started = cluster if started else None
-        return cluster
+        return self.connection.up(tpu, slices, name=name, timeout_s=timeout_s, manifest=manifest,
+                                  progress=progress)
 
     def connect(self, address: str | None = None, *, timeout_s: float = 15.0) -> str:
-        """Connect to an existing Ray cluster (GCS ``HOST:PORT`` or ``ray://HOST:PORT``).
+        """Connect to an existing Ray cluster (GCS ``HOST:PORT`` or ``ray://HOST:PORT``); the
+        reservations of the cluster left are given back (detached ones stay).
 
         Args:
-            address: Where the cluster is. ``None``: ``$RAY_ADDRESS`` if set (as ``ray.init()``
-                reads it), else the one emulated cluster running on this machine (started by
-                another notebook or ``raytpu up``).
+            address: Where the cluster is. ``None``: ``$RAY_ADDRESS`` if set, else the one
+                emulated cluster running on this machine.
             timeout_s: Seconds to wait for the cluster to answer.
 
         Returns:
@@ -203,32 +152,12 @@ class Lab:
                 clusters run), nothing answered within ``timeout_s`` seconds, or Ray refused.
             RaytpuError: ``timeout_s`` is not a finite number above 0.
         """
-        _require_positive("timeout", timeout_s)
-        address = address or default_address()
-        probe(address, timeout_s=timeout_s)  # fail before dropping the current connection
-        self._forget_reservations()
-        self._drop_kuberay()
-        found = [c for c in emulator.running()
-                 if address in (c.address, f"ray://127.0.0.1:{c.client_port}")]
-        if found:
-            _ray_private.enable_token_auth()  # emulated clusters run with Ray token auth
-        connect(address, timeout_s=timeout_s, ship_package=not found)
-        self.address = address
-        self.cluster = found[0] if found else None
-        return address
-
-    @property
-    def started_cluster(self) -> emulator.EmulatedCluster | None:
-        """The emulated cluster this session started with :meth:`up` (stopped by :meth:`down`
-        and when the kernel exits), or ``None``."""
-        return self._started
+        return self.connection.connect(address, timeout_s=timeout_s)
 
     def down(self, name: str | None = None) -> str | None:
         """Release this session's reservations, disconnect, and stop the emulated cluster this
         session started (with :meth:`up`; also after connecting elsewhere since). Idempotent.
-
-        An emulated cluster this session only connected to (started by ``raytpu up`` or another
-        notebook) keeps running for its other users, unless named here.
+        An emulated cluster this session only connected to keeps running, unless named here.
 
         Args:
             name: Also stop the emulated cluster of this name (if it runs), whoever started it.
@@ -239,32 +168,12 @@ class Lab:
         Raises:
             EmulatorError: ``name`` names no running emulated cluster (nothing is done then).
         """
-        named = emulator.find(name) if name is not None else None
-        if name is not None and named is None:
-            others = [c.name for c in emulator.running()]
-            raise EmulatorError(
-                f"No emulated cluster named {name!r} is running.",
-                why="Nothing was stopped or disconnected.",
-                fix=(f"Name one that runs: {', '.join(others)}." if others
-                     else "No emulated cluster runs on this machine."))
-        self._close_sessions()
-        for res in list(self._reservations.values()):
-            res.release()
-        self._reservations.clear()
-        started, self._started = self._started, None
-        self._drop_kuberay()
-        self.refresher.stop()
-        if self._map is not None:
-            self._map.set_status("disconnected (%raytpu down)")
-        self.address = None
-        self.cluster = None
-        disconnect()
-        stopped = None
-        for cluster in (started, named):
-            if cluster is not None and cluster.is_running():
-                cluster.down()
-                stopped = stopped or cluster.name
-        return stopped
+        named = self.connection.check_stoppable(name)
+        self.hosts.close()
+        self.reservation_service.release_all()
+        self.kube.drop()
+        self.feed.stop("disconnected (%raytpu down)")
+        return self.connection.down(named)
 
     # -- state -----------------------------------------------------------------------------
 
@@ -274,24 +183,16 @@ class Lab:
         Raises:
             NotConnectedError: No cluster connected.
         """
-        self._require_connection("read the cluster state")
-        expected = self.cluster.expected_hosts if self.cluster else None
-        planned = None
-        if self.kuberay is not None:
-            planned = self.kuberay.planned()
-            expected = expected or self.kuberay.plan.expected_hosts
-        return build_snapshot(fetch_raw_state(), expected_hosts=expected, jobs=dict(self._jobs),
-                              planned=planned)
+        return self.reader.snapshot()
 
     def status(self, highlight: set[str] | None = None) -> StatusView:
-        """A view of the snapshot: text table, HTML table and SVG map (for display).
+        """A view of the snapshot: text table, HTML table and SVG map (for display); rings
+        ``highlight`` (this session's slices if ``None``) here and on the live map.
 
-        Also rings the same slices on the live map, if one is shown.
+        Raises:
+            NotConnectedError: No cluster connected.
         """
-        marked = highlight if highlight is not None else self._own_slices()
-        snapshot = self.snapshot()
-        self._highlight(marked)
-        return StatusView(snapshot, highlight=marked)
+        return self.feed.status(highlight)
 
     def map(self, *, highlight: set[str] | None = None, interval_s: float | None = None,
             ) -> TopologyMap:
@@ -304,24 +205,14 @@ class Lab:
         Raises:
             NotConnectedError: No cluster connected.
         """
-        snapshot = self.snapshot()
-        if interval_s is not None:
-            self.refresher.interval_s = interval_s
-        marked = highlight if highlight is not None else self._own_slices()
-        if self._map is None or getattr(self._map, "closed", False):
-            self._map = TopologyMap(snapshot, highlight=marked)
-        else:
-            self._map.update(snapshot)
-            self._map.set_highlight(marked)
-        self.refresher.add(self._map)
-        return self._map
+        return self.feed.map(highlight=highlight, interval_s=interval_s)
 
     # -- reservations ----------------------------------------------------------------------
 
     def reserve(self, topology: str, version: str, *, slices: int = 1, name: str | None = None,
                 timeout_s: float = 60.0, detached: bool = False,
                 on_wait: Callable[[float], None] | None = None) -> Reservation:
-        """Reserve whole slices atomically (see :func:`raytpu_lab.reserve.reserve`).
+        """Reserve whole slices atomically (see :func:`raytpu_lab.reservations.slices.reserve`).
 
         Args:
             topology: e.g. ``"4x4"``.
@@ -338,57 +229,25 @@ class Lab:
             ReservationError: The name is taken.
             NoSliceAvailableError: No intact idle slices within ``timeout_s`` (or never enough).
         """
-        shape = SliceShape.of(version, topology)
-        _require_positive("timeout", timeout_s)
-        _require_positive("slices", slices)
-        self._require_connection("reserve a slice")
-        if name is not None and (not name.strip() or any(c.isspace() for c in name)):
-            raise ReservationError(f"{name!r} is not a reservation name.",
-                                   why="Names are one word: they name placement groups.",
-                                   fix="Use letters, digits, '-' or '_', e.g. --name r1.")
-        name = name or self._next_name()
-        if name in self._reservations:
-            raise ReservationError(f"A reservation named {name!r} exists already.",
-                                   fix=f"Pick another name, or release it first: %raytpu release {name}")
-        res = reserve(shape, self.snapshot, name=name, num_slices=slices, timeout_s=timeout_s,
-                      detached=detached, on_wait=on_wait)
-        self._reservations[name] = res
+        res = self.reservation_service.reserve(topology, version, slices=slices, name=name,
+                                               timeout_s=timeout_s, detached=detached,
+                                               on_wait=on_wait)
         self._highlight(set(res.slice_names))
         return res
 
     def release(self, name: str, *, settle_s: float = 10.0) -> None:
-        """Release reservation ``name`` and wait until Ray shows its slices free again.
-
-        ``name`` is one of this session's reservations or a detached one on the cluster (made
-        by another kernel; see :meth:`cluster_reservations`).
-
-        Ray removes the placement groups at once, but nodes report the freed chips a moment later;
-        waiting (at most ``settle_s`` seconds) keeps the next ``status`` or ``reserve`` truthful.
+        """Release reservation ``name`` (this session's, or a detached one on the cluster made
+        by another kernel) and wait at most ``settle_s`` seconds until Ray shows its slices
+        free again, so the next ``status`` or ``reserve`` is truthful.
 
         Raises:
-            ReservationError: Neither this session nor the cluster (detached) holds a reservation
-                of that name.
+            ReservationError: Neither this session nor the cluster (detached) holds ``name``.
         """
-        res = self._reservations.pop(name, None)
-        if res is None and self.connected:
-            res = self._adopt_detached(name)  # a detached one made by another driver, if any
-        if res is None:
-            held = ", ".join(self._reservations) or "none"
-            raise ReservationError(f"No reservation named {name!r} in this session.",
-                                   why=f"Reservations held: {held}.",
-                                   fix="List them with %raytpu reservations.")
-        self._close_sessions(name)
-        res.release()
-        deadline = time.monotonic() + settle_s
-        while time.monotonic() < deadline:
-            snap = self.snapshot()
-            if all(s.idle for s in snap.slices if s.name in res.slice_names):
-                return
-            time.sleep(0.2)
+        self.reservation_service.release(name, settle_s=settle_s)
 
     def reservations(self) -> list[Reservation]:
         """This session's reservations, oldest first."""
-        return list(self._reservations.values())
+        return list(self.reservation_service.held.values())
 
     def cluster_reservations(self) -> list[ReservationInfo]:
         """Every raytpu reservation on the cluster, whoever made it (placement groups named
@@ -397,95 +256,43 @@ class Lab:
         Raises:
             NotConnectedError: No cluster connected.
         """
-        self._require_connection("list the cluster's reservations")
-        return list_reservations(fetch_raw_state(), fetch_placement_group_lifetimes())
+        return self.reader.reservations()
 
     def attach(self, name: str) -> Reservation:
-        """Adopt a detached reservation another driver (kernel) made, as if this session made it.
-
-        Afterwards ``release``, ``run_on``, ``down`` treat it as this session's; it stays
-        detached (it survives this kernel too unless released).
+        """Adopt a detached reservation another driver (kernel) made, as if this session made
+        it (``release``, ``run_on``, ``down`` treat it as this session's; it stays detached).
 
         Raises:
             NotConnectedError: No cluster connected.
             ReservationError: No detached reservation of that name on the cluster (the message
                 lists those that exist), or this session holds one of that name already.
         """
-        self._require_connection("attach a reservation")
-        if name in self._reservations:
-            raise ReservationError(f"Reservation {name!r} is this session's already.",
-                                   fix="Use it directly, or release it: %raytpu release " + name)
-        res = self._adopt_detached(name)
-        if res is None:
-            infos = self.cluster_reservations()
-            listed = ", ".join(f"{r.name} ({'detached' if r.detached else 'default lifetime'})"
-                               for r in infos) or "none"
-            info = next((r for r in infos if r.name == name), None)
-            why = (f"{name!r} has the default lifetime: it belongs to the driver that made it and "
-                   "ends with it." if info is not None else f"Reservations on the cluster: {listed}.")
-            raise ReservationError(f"No detached reservation named {name!r} on the cluster.",
-                                   why=why, fix="List them with %raytpu reservations --all.")
-        self._reservations[name] = res
+        res = self.reservation_service.attach(name)
         self._highlight(set(res.slice_names))
         return res
-
-    def _adopt_detached(self, name: str) -> Reservation | None:
-        info = next((r for r in self.cluster_reservations() if r.name == name and r.detached), None)
-        if info is None:
-            return None
-        if not info.slice_names or not info.topology:
-            raise ReservationError(
-                f"Reservation {name!r} is on the cluster but not placed ({info.state}).",
-                why="Its bundles sit on no live host, so its slices are unknown.",
-                fix=f"Release it from the kernel that made it, or wait; state: {info.state}.")
-        slice_state = self.snapshot().slice(info.slice_names[0])
-        if not isinstance(slice_state.shape, SliceShape):
-            raise ReservationError(
-                f"Reservation {name!r} is on slice {slice_state.name}, whose TPU shape is unknown "
-                f"({slice_state.shape.spec}).",
-                why="Its labels name no shape in the topology tables, so its hosts and chips "
-                    "cannot be checked against a shape.",
-                fix="Release it from the kernel that made it.")
-        return adopt(info, slice_state.shape)
 
     # -- SPMD on a reservation --------------------------------------------------------------
 
     def slice_session(self, name: str, *, init_jax: bool = True, timeout_s: float = 120.0,
                       ) -> SliceSession:
-        """The persistent host processes of reservation ``name`` (started on first use).
-
-        One Ray actor per host, placed on the reservation's bundles in worker-id order, with
-        ``jax.distributed`` initialised once (coordinator on worker 0). They live until the
-        reservation is released, :meth:`down`, or the kernel exits.
+        """The persistent host processes of reservation ``name`` (started on first use): one
+        Ray actor per host in worker-id order, ``jax.distributed`` initialised once. They live
+        until the reservation is released, :meth:`down`, or the kernel exits.
 
         Raises:
             ReservationError: This session holds no reservation ``name`` (attach it first if
                 another kernel made it), or its hosts are not all placed.
             RemoteHostError: A host failed to start or to initialise JAX.
         """
-        res = self._reservations.get(name)
-        if res is None:
-            held = ", ".join(self._reservations) or "none"
-            raise ReservationError(f"No reservation named {name!r} in this session.",
-                                   why=f"Reservations held: {held}.",
-                                   fix="Reserve one (%raytpu reserve ...) or adopt a detached one "
-                                       "(%raytpu attach NAME).")
-        session = self._sessions.get(name)
-        if session is None or not session.started:
-            session = SliceSession(res, init_jax=init_jax, timeout_s=timeout_s)
-            self._sessions[name] = session
-            session.start()
-        return session
+        return self.hosts.slice_session(name, init_jax=init_jax, timeout_s=timeout_s)
 
     def run_on(self, name: str, code_or_fn: str | Callable[..., Any], *args: Any,
                **kwargs: Any) -> CellResult:
-        """Run code (a cell's text) or call a function on every host of reservation ``name``.
-
-        Variables persist per host from call to call (each host has its own namespace).
+        """Run code (a cell's text) or call a function on every host of reservation ``name``;
+        variables persist per host from call to call.
 
         Returns:
-            Output per host in worker-id order; ``.values`` is the list of return values (a
-            cell's last expression).
+            Output per host in worker-id order; ``.values`` is the list of return values.
 
         Raises:
             SyntaxError: The code does not parse (nothing was started or sent).
@@ -493,18 +300,7 @@ class Lab:
             RemoteHostError: It raised on a host (that host's traceback; ``.result`` has all).
             KeyboardInterrupt: Interrupted; the cell was stopped on every host first.
         """
-        if isinstance(code_or_fn, str):
-            check_cell(code_or_fn)  # before a session (host actors, jax.distributed) is started
-        session = self.slice_session(name)
-        if isinstance(code_or_fn, str):
-            return session.run(code_or_fn)
-        return session.call(code_or_fn, *args, **kwargs)
-
-    def _close_sessions(self, name: str | None = None) -> None:
-        for key in [name] if name is not None else list(self._sessions):
-            session = self._sessions.pop(key, None) if key is not None else None
-            if session is not None:
-                session.close()
+        return self.hosts.run_on(name, code_or_fn, *args, **kwargs)
 
     # -- training --------------------------------------------------------------------------
 
@@ -709,6 +505,7 @@ class Lab:
             threading.Thread(target=handle.stop, daemon=True).start()
         return handle
 
+
     # -- KubeRay ---------------------------------------------------------------------------
 
     def connect_kuberay(self, name: str, *, namespace: str | None = None,
@@ -728,14 +525,13 @@ class Lab:
             namespace: Its namespace; the kubeconfig context's namespace when ``None``.
             context: A kubeconfig context; the current one when ``None``.
             kubeconfig: A kubeconfig file; ``$KUBECONFIG`` / ``~/.kube/config`` when ``None``.
-            address: A Ray address to use instead (e.g. ``ray://127.0.0.1:10001`` after your own
-                ``kubectl port-forward``).
+            address: A Ray address to use instead (e.g. ``ray://127.0.0.1:10001``).
             port_forward: Set up a port-forward when outside the cluster (else raise with the
                 ``kubectl port-forward`` command to run).
             timeout_s: Seconds to wait for the Ray address to answer.
 
         Returns:
-            The :class:`~raytpu_lab.cluster.kuberay_connect.KubeRayTarget` (also ``self.kuberay``).
+            The :class:`~raytpu_lab.kuberay.connect.KubeRayTarget` (also ``self.kuberay``).
 
         Raises:
             KubernetesError: No kubeconfig, unknown context, RBAC 403, RayCluster or CRD not
@@ -743,17 +539,9 @@ class Lab:
             ManifestError: The RayCluster's TPU groups break the webhook's rules.
             ConnectError: The Ray address does not answer, or Ray refuses to connect.
         """
-        from raytpu_lab.cluster.kuberay_connect import resolve
-
-        target = resolve(name, namespace=namespace, context=context, kubeconfig=kubeconfig,
-                         address=address, port_forward=port_forward)
-        try:
-            self.connect(target.address, timeout_s=timeout_s)
-        except BaseException:
-            target.close()
-            raise
-        self.kuberay = target
-        return target
+        return self.kube.connect(name, namespace=namespace, context=context,
+                                 kubeconfig=kubeconfig, address=address,
+                                 port_forward=port_forward, timeout_s=timeout_s)
 
     def apply(self, manifest: str | Path | Mapping[str, Any], *, namespace: str | None = None,
               context: str | None = None, kubeconfig: str | None = None) -> dict[str, Any]:
@@ -766,18 +554,8 @@ class Lab:
             ManifestError: It fails the CRD schema or the TPU rules (nothing is sent).
             KubernetesError: As :meth:`connect_kuberay`.
         """
-        from raytpu_lab.cluster.kuberay_emulator import read_manifest
-        from raytpu_lab.kuberay import check_manifest
-
-        obj, source = read_manifest(manifest)
-        if obj.get("kind") != "RayCluster":
-            from raytpu_lab.errors import ManifestError
-
-            raise ManifestError(f"{source} is a {obj.get('kind')}, not a RayCluster.",
-                                why="apply creates RayClusters only.",
-                                fix="Apply RayJobs and RayServices with kubectl apply -f.", source=source)
-        check_manifest(obj, source=source)
-        return self._kube(namespace, context, kubeconfig).apply(obj, namespace)
+        return self.kube.apply(manifest, namespace=namespace, context=context,
+                               kubeconfig=kubeconfig)
 
     def scale(self, group: str, slices: int, *, name: str | None = None,
               namespace: str | None = None, context: str | None = None,
@@ -796,19 +574,14 @@ class Lab:
             RaytpuError: ``slices`` below 0, or no RayCluster named and none connected.
             KubernetesError: As :meth:`connect_kuberay`, or no such group.
         """
-        if slices < 0:
-            raise RaytpuError(f"--slices {slices} is not allowed.", why="A group has 0 or more slices.",
-                              fix="Pass --slices 0 or more.")
-        client, name, namespace = self._kube_target(name, namespace, context, kubeconfig, "scale")
-        _, notes = client.scale(name, group, slices, namespace)
-        if self.kuberay is not None:
-            self.kuberay._planned = None  # read the new plan on the next snapshot
-        return notes
+        return self.kube.scale(group, slices, name=name, namespace=namespace, context=context,
+                               kubeconfig=kubeconfig)
 
     def delete_raycluster(self, name: str | None = None, *, yes: bool = False,
                           namespace: str | None = None, context: str | None = None,
                           kubeconfig: str | None = None) -> str:
-        """Delete a RayCluster on Kubernetes (KubeRay then deletes its pods: every slice goes).
+        """Delete a RayCluster on Kubernetes (KubeRay then deletes its pods: every slice goes);
+        disconnects if it is the connected one.
 
         Args:
             name: The RayCluster; the connected one when ``None``.
@@ -821,41 +594,11 @@ class Lab:
             RaytpuError: Not confirmed, or no RayCluster named and none connected.
             KubernetesError: As :meth:`connect_kuberay`.
         """
-        client, name, namespace = self._kube_target(name, namespace, context, kubeconfig, "delete")
-        if not yes:
-            raise RaytpuError(f"Not deleting RayCluster {name!r}: not confirmed.",
-                              why="Deleting it stops every pod and frees its TPU slices.",
-                              fix="Confirm with --yes (yes=True in Python).")
-        client.delete(name, namespace)
-        if self.kuberay is not None and self.kuberay.name == name:
-            self.address = None
-            self._drop_kuberay()
-            disconnect()
-        return name
-
-    def _kube(self, namespace: str | None, context: str | None, kubeconfig: str | None) -> Any:
-        from raytpu_lab.kuberay.client import KubeRayClient
-
-        if self.kuberay is not None and context is None and kubeconfig is None:
-            return self.kuberay.client
-        return KubeRayClient.from_config(context=context, namespace=namespace, kubeconfig=kubeconfig)
-
-    def _kube_target(self, name: str | None, namespace: str | None, context: str | None,
-                     kubeconfig: str | None, doing: str) -> tuple[Any, str, str | None]:
-        if name is None:
-            if self.kuberay is None:
-                raise RaytpuError(f"Cannot {doing}: which RayCluster?",
-                                  why="No RayCluster was named and this session is connected to none.",
-                                  fix="Name it (--cluster NAME) or connect first "
-                                      "(%raytpu connect --kuberay NAME).")
-            name = self.kuberay.name
-            namespace = namespace or self.kuberay.namespace
-        return self._kube(namespace, context, kubeconfig), name, namespace
-
-    def _drop_kuberay(self) -> None:
-        if self.kuberay is not None:
-            self.kuberay.close()
-            self.kuberay = None
+        deleted, was_connected = self.kube.delete(name, yes=yes, namespace=namespace,
+                                                  context=context, kubeconfig=kubeconfig)
+        if was_connected:
+            self.connection.disconnect(forget_cluster=False)
+        return deleted
 
     def train_torch(self, train_fn: Callable[..., Any], topology: str, version: str, *,
                     slices: int = 1, name: str | None = None,
@@ -978,17 +721,31 @@ class Lab:
                 raise diagnose(snap, shape, slices, timeout_s=wait_s, wait_option="--wait")
             time.sleep(0.5)
 
-    def _own_slices(self) -> set[str]:
-        return {s for r in self._reservations.values() for s in r.slice_names}
+
+    # -- what the services and the training section share ----------------------------------
+
+    @property
+    def _jobs(self) -> dict[str, str]:
+        """``{placement group id: "run <name>"}`` while runs go on (the map feed's labels)."""
+        return self.feed.jobs
+
+    @_jobs.setter
+    def _jobs(self, jobs: dict[str, str]) -> None:
+        self.feed.jobs = jobs
+
+    @property
+    def _reservations(self) -> dict[str, Reservation]:
+        """This session's reservations by name (the reservation service's, not a copy)."""
+        return self.reservation_service.held
 
     def _highlight(self, slices: set[str]) -> None:
-        if self._map is not None and not getattr(self._map, "closed", False):
-            self._map.set_highlight(slices)
-            self.refresher.refresh_now()
+        self.feed.highlight(slices)
 
     def _mark_dcn(self, groups: list[list[str]]) -> None:
-        if self._map is not None and not getattr(self._map, "closed", False):
-            self._map.set_dcn(groups)
+        self.feed.mark_dcn(groups)
+
+    def _close_sessions(self, name: str | None = None) -> None:
+        self.hosts.close(name)
 
     def require_connection(self, doing: str) -> None:
         """Raise unless a cluster is connected (``doing``: what needs it, e.g. "reserve a slice").
@@ -996,47 +753,32 @@ class Lab:
         Raises:
             NotConnectedError: No cluster connected; the message says how to connect.
         """
-        self._require_connection(doing)
+        self.reader.require(doing)
 
-    def _require_connection(self, doing: str) -> None:
-        if not self.connected:
-            raise NotConnectedError(
-                f"Cannot {doing}: no Ray cluster is connected.",
-                fix="Start the local emulator (%raytpu up) or connect (%raytpu connect ADDRESS).")
+    _require_connection = require_connection
 
-    def _next_name(self) -> str:
-        while True:
-            name = f"r{next(self._names)}"
-            if name not in self._reservations:
-                return name
+    def _snapshot_context(self) -> SnapshotContext:
+        cluster = self.connection.cluster
+        kube_expected, planned = self.kube.expectation()
+        expected = (cluster.expected_hosts if cluster else None) or kube_expected
+        return SnapshotContext(expected_hosts=expected, jobs=self.feed.jobs, planned=planned)
+
+    def _leave_cluster(self) -> None:
+        """Before connecting elsewhere: give back what belongs to the cluster left."""
+        self.hosts.close()
+        self.reservation_service.release_all(keep_detached=True)
+        self.kube.drop()
 
     def _at_exit(self) -> None:
-        """Kernel exit or restart: release this session's reservations and stop the emulated
-        cluster this session started with :meth:`up` (its hosts and head would otherwise stay;
-        a cluster started from a shell with ``raytpu up`` is left running)."""
-        self._forget_reservations()
-        started, self._started = self._started, None
-        if started is not None:
-            # Stopped by a process of its own first: Jupyter kills a kernel that takes more
-            # than a few seconds to exit or restart, which would leave the cluster half-stopped.
-            emulator.down_in_background(started)
-            disconnect()
-
-    def _forget_reservations(self) -> None:
-        self._close_sessions()
-        for res in list(self._reservations.values()):
-            if not res.detached:
-                res.release()
-        self._reservations.clear()
+        """Kernel exit or restart: release this session's reservations (detached ones stay)
+        and stop the emulated cluster this session started with :meth:`up`."""
+        self.hosts.close()
+        self.reservation_service.release_all(keep_detached=True)
+        self.connection.at_exit()
 
 
-def _answers(address: str) -> bool:
-    """Whether the GCS at ``address`` accepts connections (a refusal is known within 3 s)."""
-    try:
-        probe(address, timeout_s=3.0)
-    except ConnectError:
-        return False
-    return True
+Lab = Session
+"""The session's older name (notebooks and the README use ``get_lab()``)."""
 
 
 def _no_config() -> None:
@@ -1051,24 +793,25 @@ def _require_config_dict(config: Any) -> None:
             fix="Pass a dict, e.g. --config \"{'steps': 100}\".")
 
 
-def _require_positive(option: str, value: float) -> None:
-    if not (value > 0 and math.isfinite(value)):  # nan and inf too: a wait must end
-        raise RaytpuError(f"--{option} {value} is not allowed.",
-                          why=f"{option} must be a finite number above 0.",
-                          fix=f"Pass a positive --{option}.")
+_LAB: Session | None = None
 
 
-def _alive_nodes() -> int:
-    return sum(1 for n in ray.nodes() if n.get("Alive"))
-
-
-_LAB: Lab | None = None
-
-
-def get_lab() -> Lab:
-    """The kernel's one :class:`Lab` (created on first use)."""
+def get_lab() -> Session:
+    """The kernel's one :class:`Session` (created on first use; what the magics use)."""
     global _LAB
     if _LAB is None:
-        _LAB = Lab()
+        _LAB = Session()
         atexit.register(_LAB._at_exit)
     return _LAB
+
+
+@contextmanager
+def use_session(session: Session) -> Iterator[Session]:
+    """Make ``session`` the kernel's session (:func:`get_lab`, the magics) inside the block,
+    e.g. a test's fresh one; the previous one is back afterwards (nothing is registered at exit)."""
+    global _LAB
+    previous, _LAB = _LAB, session
+    try:
+        yield session
+    finally:
+        _LAB = previous

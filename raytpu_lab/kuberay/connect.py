@@ -96,6 +96,11 @@ class KubeRayTarget:
                 self._planned = (now, planned_slices(self.plan, pods))
             return self._planned[1]
 
+    def forget_plan(self) -> None:
+        """Read the RayCluster again on the next :meth:`planned` (after it was scaled)."""
+        with self._lock:
+            self._planned = None
+
     def close(self) -> None:
         """Stop the port-forward, if any."""
         if self.port_forward is not None:

@@ -30,7 +30,7 @@ import ray
 
 from raytpu_lab import _ray_private
 
-__all__ = ["fetch_raw_state", "fetch_placement_group_lifetimes"]
+__all__ = ["fetch_raw_state", "fetch_placement_group_lifetimes", "count_alive_nodes"]
 
 
 def fetch_raw_state() -> dict[str, Any]:
@@ -118,3 +118,13 @@ def fetch_placement_group_lifetimes() -> dict[str, dict[str, Any]]:
                                         raise_on_missing_output=False)
         if pg.state != "REMOVED"
     }
+
+
+def count_alive_nodes() -> int:
+    """How many Ray nodes are alive (head included), from ``ray.nodes()``; a cheap read to wait
+    for nodes to join.
+
+    Raises:
+        ray.exceptions.RaySystemError: Ray is not initialised (callers check first).
+    """
+    return sum(1 for n in ray.nodes() if n.get("Alive"))

@@ -66,7 +66,8 @@ def test_manifest_and_tpu_do_not_mix(capsys: pytest.CaptureFixture[str]) -> None
 
 def test_a_long_manifest_name_is_cut_to_fit_rays_socket_paths(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from raytpu_lab.cluster import emulator, kuberay_emulator
+    from raytpu_lab.cluster import emulator
+    from raytpu_lab.kuberay import emulate as kuberay_emulator
 
     monkeypatch.setenv("RAYTPU_EMULATOR_ROOT", "/tmp/raytpu")
     asked: list[str] = []

@@ -38,8 +38,8 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeSta
     with running_standin() as s:
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "config", s.url, namespace=NS)))
-        monkeypatch.setattr(lab_module, "_LAB", Lab())
-        yield s
+        with lab_module.use_session(Lab()):
+            yield s
 
 
 def _run(ip, line: str) -> tuple[str, object]:

@@ -1,0 +1,81 @@
+"""The map feed: the session's one refresher, its live topology map, the status view, and what
+they highlight (this session's slices, a run's slices and DCN links, runs' labels)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from raytpu_lab.refresher import Refresher
+from raytpu_lab.state.model import ClusterSnapshot
+from raytpu_lab.widgets.status import StatusView
+from raytpu_lab.widgets.topology_map import TopologyMap
+
+__all__ = ["MapFeed"]
+
+
+class MapFeed:
+    """Feeds snapshots to the live map and status views.
+
+    Args:
+        snapshot: Reads the cluster (the session's snapshot).
+        own_slices: The slices to ring when no highlight is given (this session's reservations).
+
+    Attributes:
+        refresher: The one poller of the session; every live view it holds gets each snapshot.
+        jobs: ``{placement group id: "run <name>"}`` of runs going on, shown as owners.
+    """
+
+    def __init__(self, snapshot: Callable[[], ClusterSnapshot],
+                 own_slices: Callable[[], set[str]] = set) -> None:
+        self.snapshot = snapshot
+        self.own_slices = own_slices
+        self.refresher = Refresher(snapshot)
+        self.jobs: dict[str, str] = {}
+        self._map: TopologyMap | None = None
+
+    def status(self, highlight: set[str] | None = None) -> StatusView:
+        """A view of the snapshot; as :meth:`raytpu_lab.lab.Session.status`."""
+        marked = highlight if highlight is not None else self.own_slices()
+        snapshot = self.snapshot()
+        self.highlight(marked)
+        return StatusView(snapshot, highlight=marked)
+
+    def map(self, *, highlight: set[str] | None = None, interval_s: float | None = None,
+            ) -> TopologyMap:
+        """The live topology map; as :meth:`raytpu_lab.lab.Session.map`."""
+        snapshot = self.snapshot()
+        if interval_s is not None:
+            self.refresher.interval_s = interval_s
+        marked = highlight if highlight is not None else self.own_slices()
+        if self._live() is None:
+            self._map = TopologyMap(snapshot, highlight=marked)
+        else:
+            assert self._map is not None
+            self._map.update(snapshot)
+            self._map.set_highlight(marked)
+        self.refresher.add(self._map)
+        return self._map
+
+    def highlight(self, slices: set[str]) -> None:
+        """Ring ``slices`` on the live map (if one is shown) and refresh it now."""
+        live = self._live()
+        if live is not None:
+            live.set_highlight(slices)
+            self.refresher.refresh_now()
+
+    def mark_dcn(self, groups: list[list[str]]) -> None:
+        """Draw DCN links between the slices of each group on the live map (if one is shown)."""
+        live = self._live()
+        if live is not None:
+            live.set_dcn(groups)
+
+    def stop(self, status: str) -> None:
+        """Stop refreshing; the map (if any) shows ``status``, e.g. "disconnected"."""
+        self.refresher.stop()
+        if self._map is not None:
+            self._map.set_status(status)
+
+    def _live(self) -> TopologyMap | None:
+        if self._map is None or getattr(self._map, "closed", False):
+            return None
+        return self._map
