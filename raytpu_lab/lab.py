@@ -106,52 +106,15 @@ class Session:
            timeout_s: float = 180.0,
            manifest: str | Path | Mapping[str, Any] | None = None,
            progress: Callable[[int, int], None] | None = None) -> emulator.EmulatedCluster:
-        """Start a local emulated TPU cluster and connect to it.
-
-        Args:
-            tpu: ``"<version>:<topology>"``, e.g. ``"v6e:4x4"``, ``"v4:2x2x2"``, ``"v5e:2x2"``.
-            slices: Number of slices of that shape.
-            name: Cluster name (one emulated cluster per name); ``"raytpu"``, or the manifest's
-                ``metadata.name``, when ``None``.
-            timeout_s: Seconds to wait for every node to start.
-            manifest: A RayCluster manifest (file path or dict) to emulate instead of ``tpu`` /
-                ``slices``: its TPU worker groups, slices, hosts and container env
-                (:mod:`raytpu_lab.kuberay.emulate`).
-            progress: Called as ``progress(hosts up, hosts expected)`` while hosts start.
-
-        An emulated cluster of this name that already runs with at least the slices asked for
-        is joined instead: nothing is started, and :meth:`down` leaves it running
-        (:attr:`started_cluster` is ``None``).
-
-        Returns:
-            The running cluster (``address``, ``dashboard_url``, ``hosts``).
-
-        Raises:
-            InvalidTopologyError: ``tpu`` is not a valid spec (nothing is started).
-            ManifestError: The manifest fails the CRD schema or the TPU rules (nothing is started).
-            EmulatorError: A cluster with this name runs already without the slices asked for
-                (the message says how to reach or stop it), or nodes failed to start or join.
-        """
+        """Start a local emulated TPU cluster and connect to it. See
+        :meth:`raytpu_lab.session.connection.Connection.up`."""
         return self.connection.up(tpu, slices, name=name, timeout_s=timeout_s, manifest=manifest,
                                   progress=progress)
 
     def connect(self, address: str | None = None, *, timeout_s: float = 15.0) -> str:
         """Connect to an existing Ray cluster (GCS ``HOST:PORT`` or ``ray://HOST:PORT``); the
-        reservations of the cluster left are given back (detached ones stay).
-
-        Args:
-            address: Where the cluster is. ``None``: ``$RAY_ADDRESS`` if set, else the one
-                emulated cluster running on this machine.
-            timeout_s: Seconds to wait for the cluster to answer.
-
-        Returns:
-            The address connected to.
-
-        Raises:
-            ConnectError: No address was given and none could be found (or several emulated
-                clusters run), nothing answered within ``timeout_s`` seconds, or Ray refused.
-            RaytpuError: ``timeout_s`` is not a finite number above 0.
-        """
+        reservations of the cluster left are given back (detached ones stay). See
+        :meth:`raytpu_lab.session.connection.Connection.connect`."""
         return self.connection.connect(address, timeout_s=timeout_s)
 
     def down(self, name: str | None = None) -> str | None:
@@ -187,24 +150,14 @@ class Session:
 
     def status(self, highlight: set[str] | None = None) -> StatusView:
         """A view of the snapshot: text table, HTML table and SVG map (for display); rings
-        ``highlight`` (this session's slices if ``None``) here and on the live map.
-
-        Raises:
-            NotConnectedError: No cluster connected.
-        """
+        ``highlight`` (this session's slices if ``None``) here and on the live map. See
+        :meth:`raytpu_lab.session.map_feed.MapFeed.status`."""
         return self.feed.status(highlight)
 
     def map(self, *, highlight: set[str] | None = None, interval_s: float | None = None,
             ) -> TopologyMap:
-        """The session's live topology map (one widget per session; displaying it again adds a view).
-
-        Args:
-            highlight: Slices to ring; this session's reservations if ``None``.
-            interval_s: Seconds between refreshes (the session's one refresher; default 1 s).
-
-        Raises:
-            NotConnectedError: No cluster connected.
-        """
+        """The session's live topology map (one widget per session; displaying it again adds a
+        view). See :meth:`raytpu_lab.session.map_feed.MapFeed.map`."""
         return self.feed.map(highlight=highlight, interval_s=interval_s)
 
     # -- reservations ----------------------------------------------------------------------
@@ -212,23 +165,7 @@ class Session:
     def reserve(self, topology: str, version: str, *, slices: int = 1, name: str | None = None,
                 timeout_s: float = 60.0, detached: bool = False,
                 on_wait: Callable[[float], None] | None = None) -> Reservation:
-        """Reserve whole slices atomically (see :func:`raytpu_lab.reservations.slices.reserve`).
-
-        Args:
-            topology: e.g. ``"4x4"``.
-            version: e.g. ``"v6e"``.
-            slices: Slices to hold together.
-            name: Reservation name; ``r1``, ``r2``... if omitted.
-            timeout_s: Seconds to wait for free slices.
-            detached: Keep it after this kernel exits.
-            on_wait: Progress callback, called with seconds elapsed while waiting.
-
-        Raises:
-            InvalidTopologyError: Topology not valid for the generation (nothing requested).
-            NotConnectedError: No cluster connected.
-            ReservationError: The name is taken.
-            NoSliceAvailableError: No intact idle slices within ``timeout_s`` (or never enough).
-        """
+        """Reserve whole slices atomically. See :meth:`raytpu_lab.reservations.service.ReservationService.reserve`."""
         res = self.reservation_service.reserve(topology, version, slices=slices, name=name,
                                                timeout_s=timeout_s, detached=detached,
                                                on_wait=on_wait)
@@ -236,13 +173,10 @@ class Session:
         return res
 
     def release(self, name: str, *, settle_s: float = 10.0) -> None:
-        """Release reservation ``name`` (this session's, or a detached one on the cluster made
-        by another kernel) and wait at most ``settle_s`` seconds until Ray shows its slices
-        free again, so the next ``status`` or ``reserve`` is truthful.
-
-        Raises:
-            ReservationError: Neither this session nor the cluster (detached) holds ``name``.
-        """
+        """Release reservation ``name`` (this session's, or a detached one on the cluster made by
+        another kernel) and wait at most ``settle_s`` seconds until Ray shows its slices free
+        again, so the next ``status`` or ``reserve`` is truthful. See
+        :meth:`raytpu_lab.reservations.service.ReservationService.release`."""
         self.reservation_service.release(name, settle_s=settle_s)
 
     def reservations(self) -> list[Reservation]:
@@ -259,14 +193,9 @@ class Session:
         return self.reader.reservations()
 
     def attach(self, name: str) -> Reservation:
-        """Adopt a detached reservation another driver (kernel) made, as if this session made
-        it (``release``, ``run_on``, ``down`` treat it as this session's; it stays detached).
-
-        Raises:
-            NotConnectedError: No cluster connected.
-            ReservationError: No detached reservation of that name on the cluster (the message
-                lists those that exist), or this session holds one of that name already.
-        """
+        """Adopt a detached reservation another driver (kernel) made, as if this session made it
+        (``release``, ``run_on``, ``down`` treat it as this session's; it stays detached). See
+        :meth:`raytpu_lab.reservations.service.ReservationService.attach`."""
         res = self.reservation_service.attach(name)
         self._highlight(set(res.slice_names))
         return res
@@ -275,31 +204,17 @@ class Session:
 
     def slice_session(self, name: str, *, init_jax: bool = True, timeout_s: float = 120.0,
                       ) -> SliceSession:
-        """The persistent host processes of reservation ``name`` (started on first use): one
-        Ray actor per host in worker-id order, ``jax.distributed`` initialised once. They live
-        until the reservation is released, :meth:`down`, or the kernel exits.
-
-        Raises:
-            ReservationError: This session holds no reservation ``name`` (attach it first if
-                another kernel made it), or its hosts are not all placed.
-            RemoteHostError: A host failed to start or to initialise JAX.
-        """
+        """The persistent host processes of reservation ``name`` (started on first use): one Ray
+        actor per host in worker-id order, ``jax.distributed`` initialised once. They live until
+        the reservation is released, :meth:`down`, or the kernel exits. See
+        :meth:`raytpu_lab.session.hosts.HostSessions.slice_session`."""
         return self.hosts.slice_session(name, init_jax=init_jax, timeout_s=timeout_s)
 
     def run_on(self, name: str, code_or_fn: str | Callable[..., Any], *args: Any,
                **kwargs: Any) -> CellResult:
         """Run code (a cell's text) or call a function on every host of reservation ``name``;
-        variables persist per host from call to call.
-
-        Returns:
-            Output per host in worker-id order; ``.values`` is the list of return values.
-
-        Raises:
-            SyntaxError: The code does not parse (nothing was started or sent).
-            ReservationError: See :meth:`slice_session`.
-            RemoteHostError: It raised on a host (that host's traceback; ``.result`` has all).
-            KeyboardInterrupt: Interrupted; the cell was stopped on every host first.
-        """
+        variables persist per host from call to call. See
+        :meth:`raytpu_lab.session.hosts.HostSessions.run_on`."""
         return self.hosts.run_on(name, code_or_fn, *args, **kwargs)
 
     # -- training --------------------------------------------------------------------------
@@ -512,68 +427,24 @@ class Session:
                         context: str | None = None, kubeconfig: str | None = None,
                         address: str | None = None, port_forward: bool = True,
                         timeout_s: float = 15.0) -> KubeRayTarget:
-        """Connect to RayCluster ``name`` on Kubernetes (KubeRay on GKE) with the ``kubernetes`` client.
-
-        Reads the RayCluster (its worker groups give the expected slices), requires
-        ``HeadPodReady``, finds ``<name>-head-svc`` and connects a Ray Client: in-cluster through
-        the service's DNS name, from outside through a port-forward set up here, or at ``address``
-        if given. Afterwards :meth:`snapshot` also shows expected hosts that have not joined Ray
-        (``"provisioning"``, with their pod's reason) and slices KubeRay is replacing.
-
-        Args:
-            name: The RayCluster.
-            namespace: Its namespace; the kubeconfig context's namespace when ``None``.
-            context: A kubeconfig context; the current one when ``None``.
-            kubeconfig: A kubeconfig file; ``$KUBECONFIG`` / ``~/.kube/config`` when ``None``.
-            address: A Ray address to use instead (e.g. ``ray://127.0.0.1:10001``).
-            port_forward: Set up a port-forward when outside the cluster (else raise with the
-                ``kubectl port-forward`` command to run).
-            timeout_s: Seconds to wait for the Ray address to answer.
-
-        Returns:
-            The :class:`~raytpu_lab.kuberay.connect.KubeRayTarget` (also ``self.kuberay``).
-
-        Raises:
-            KubernetesError: No kubeconfig, unknown context, RBAC 403, RayCluster or CRD not
-                found, head not ready, port-forward refused (one clear message each).
-            ManifestError: The RayCluster's TPU groups break the webhook's rules.
-            ConnectError: The Ray address does not answer, or Ray refuses to connect.
-        """
+        """Connect to RayCluster ``name`` on Kubernetes (KubeRay on GKE) with the ``kubernetes``
+        client. See :meth:`raytpu_lab.session.kuberay_control.KubeRayControl.connect`."""
         return self.kube.connect(name, namespace=namespace, context=context,
                                  kubeconfig=kubeconfig, address=address,
                                  port_forward=port_forward, timeout_s=timeout_s)
 
     def apply(self, manifest: str | Path | Mapping[str, Any], *, namespace: str | None = None,
               context: str | None = None, kubeconfig: str | None = None) -> dict[str, Any]:
-        """Validate a RayCluster manifest and create or update it on Kubernetes (server-side apply).
-
-        Returns:
-            The RayCluster as stored by the API server.
-
-        Raises:
-            ManifestError: It fails the CRD schema or the TPU rules (nothing is sent).
-            KubernetesError: As :meth:`connect_kuberay`.
-        """
+        """Validate a RayCluster manifest and create or update it on Kubernetes (server-side
+        apply). See :meth:`raytpu_lab.session.kuberay_control.KubeRayControl.apply`."""
         return self.kube.apply(manifest, namespace=namespace, context=context,
                                kubeconfig=kubeconfig)
 
     def scale(self, group: str, slices: int, *, name: str | None = None,
               namespace: str | None = None, context: str | None = None,
               kubeconfig: str | None = None) -> list[str]:
-        """Set a TPU worker group's slice count (``replicas``) on Kubernetes.
-
-        Args:
-            group: The worker group's ``groupName``.
-            slices: Slices wanted (KubeRay creates or deletes whole slices).
-            name: The RayCluster; the connected one (:meth:`connect_kuberay`) when ``None``.
-
-        Returns:
-            Notes on bounds widened (``maxReplicas`` / ``minReplicas``).
-
-        Raises:
-            RaytpuError: ``slices`` below 0, or no RayCluster named and none connected.
-            KubernetesError: As :meth:`connect_kuberay`, or no such group.
-        """
+        """Set a TPU worker group's slice count (``replicas``) on Kubernetes. See
+        :meth:`raytpu_lab.session.kuberay_control.KubeRayControl.scale`."""
         return self.kube.scale(group, slices, name=name, namespace=namespace, context=context,
                                kubeconfig=kubeconfig)
 

@@ -70,8 +70,23 @@ class ReservationService:
     def reserve(self, topology: str, version: str, *, slices: int = 1, name: str | None = None,
                 timeout_s: float = 60.0, detached: bool = False,
                 on_wait: Callable[[float], None] | None = None) -> Reservation:
-        """Reserve whole slices atomically (see :func:`raytpu_lab.reservations.slices.reserve`);
-        arguments and errors as :meth:`raytpu_lab.lab.Session.reserve`."""
+        """Reserve whole slices atomically (see :func:`raytpu_lab.reservations.slices.reserve`).
+
+        Args:
+            topology: e.g. ``"4x4"``.
+            version: e.g. ``"v6e"``.
+            slices: Slices to hold together.
+            name: Reservation name; ``r1``, ``r2``... if omitted.
+            timeout_s: Seconds to wait for free slices.
+            detached: Keep it after this kernel exits.
+            on_wait: Progress callback, called with seconds elapsed while waiting.
+
+        Raises:
+            InvalidTopologyError: Topology not valid for the generation (nothing requested).
+            NotConnectedError: No cluster connected.
+            ReservationError: The name is taken.
+            NoSliceAvailableError: No intact idle slices within ``timeout_s`` (or never enough).
+        """
         from raytpu_lab.reservations.slices import reserve
 
         shape = SliceShape.of(version, topology)
@@ -92,8 +107,9 @@ class ReservationService:
         return res
 
     def release(self, name: str, *, settle_s: float = 10.0) -> None:
-        """Release ``name`` (this session's, or a detached one on the cluster) and wait at most
-        ``settle_s`` seconds until the reader shows its slices idle.
+        """Release reservation ``name`` (this session's, or a detached one on the cluster made
+        by another kernel) and wait at most ``settle_s`` seconds until Ray shows its slices
+        free again, so the next ``status`` or ``reserve`` is truthful.
 
         Raises:
             ReservationError: Neither this session nor the cluster (detached) holds ``name``.
@@ -113,7 +129,8 @@ class ReservationService:
             time.sleep(0.2)
 
     def attach(self, name: str) -> Reservation:
-        """Adopt the detached reservation ``name`` another driver made, as this session's.
+        """Adopt a detached reservation another driver (kernel) made, as if this session made
+        it (``release``, ``run_on``, ``down`` treat it as this session's; it stays detached).
 
         Raises:
             NotConnectedError: No cluster connected.

@@ -85,7 +85,32 @@ class Connection:
     def up(self, tpu: str = "v6e:4x4", slices: int = 2, *, name: str | None = None,
            timeout_s: float = 180.0, manifest: str | Path | Mapping[str, Any] | None = None,
            progress: Callable[[int, int], None] | None = None) -> emulator.EmulatedCluster:
-        """Start (or join) an emulated cluster and connect; as :meth:`raytpu_lab.lab.Session.up`."""
+        """Start a local emulated TPU cluster and connect to it.
+
+        Args:
+            tpu: ``"<version>:<topology>"``, e.g. ``"v6e:4x4"``, ``"v4:2x2x2"``, ``"v5e:2x2"``.
+            slices: Number of slices of that shape.
+            name: Cluster name (one emulated cluster per name); ``"raytpu"``, or the manifest's
+                ``metadata.name``, when ``None``.
+            timeout_s: Seconds to wait for every node to start.
+            manifest: A RayCluster manifest (file path or dict) to emulate instead of ``tpu`` /
+                ``slices``: its TPU worker groups, slices, hosts and container env
+                (:mod:`raytpu_lab.kuberay.emulate`).
+            progress: Called as ``progress(hosts up, hosts expected)`` while hosts start.
+
+        An emulated cluster of this name that already runs with at least the slices asked for
+        is joined instead: nothing is started, and :meth:`down` leaves it running
+        (:attr:`started` is ``None``).
+
+        Returns:
+            The running cluster (``address``, ``dashboard_url``, ``hosts``).
+
+        Raises:
+            InvalidTopologyError: ``tpu`` is not a valid spec (nothing is started).
+            ManifestError: The manifest fails the CRD schema or the TPU rules (nothing is started).
+            EmulatorError: A cluster with this name runs already without the slices asked for
+                (the message says how to reach or stop it), or nodes failed to start or join.
+        """
         started = True
         if manifest is not None:
             from raytpu_lab.kuberay.emulate import up_from_manifest
@@ -129,8 +154,22 @@ class Connection:
         return cluster
 
     def connect(self, address: str | None = None, *, timeout_s: float = 15.0) -> str:
-        """Connect the driver to ``address`` (or :func:`default_address`); as
-        :meth:`raytpu_lab.lab.Session.connect`."""
+        """Connect to an existing Ray cluster (GCS ``HOST:PORT`` or ``ray://HOST:PORT``); the
+        reservations of the cluster left are given back (detached ones stay).
+
+        Args:
+            address: Where the cluster is. ``None``: ``$RAY_ADDRESS`` if set, else the one
+                emulated cluster running on this machine.
+            timeout_s: Seconds to wait for the cluster to answer.
+
+        Returns:
+            The address connected to.
+
+        Raises:
+            ConnectError: No address was given and none could be found (or several emulated
+                clusters run), nothing answered within ``timeout_s`` seconds, or Ray refused.
+            RaytpuError: ``timeout_s`` is not a finite number above 0.
+        """
         require_positive("timeout", timeout_s)
         address = address or default_address()
         probe(address, timeout_s=timeout_s)  # fail before dropping the current connection

@@ -25,8 +25,15 @@ class HostSessions:
 
     def slice_session(self, name: str, *, init_jax: bool = True, timeout_s: float = 120.0,
                       ) -> SliceSession:
-        """The host processes of reservation ``name``; as
-        :meth:`raytpu_lab.lab.Session.slice_session`."""
+        """The persistent host processes of reservation ``name`` (started on first use): one
+        Ray actor per host in worker-id order, ``jax.distributed`` initialised once. They live
+        until the reservation is released, the session is shut down (``down``), or the kernel exits.
+
+        Raises:
+            ReservationError: This session holds no reservation ``name`` (attach it first if
+                another kernel made it), or its hosts are not all placed.
+            RemoteHostError: A host failed to start or to initialise JAX.
+        """
         res = self.reservations.get(name)
         session = self.sessions.get(name)
         if session is None or not session.started:
@@ -37,8 +44,18 @@ class HostSessions:
 
     def run_on(self, name: str, code_or_fn: str | Callable[..., Any], *args: Any,
                **kwargs: Any) -> CellResult:
-        """Run a cell's text or call a function on every host of ``name``; as
-        :meth:`raytpu_lab.lab.Session.run_on`."""
+        """Run code (a cell's text) or call a function on every host of reservation ``name``;
+        variables persist per host from call to call.
+
+        Returns:
+            Output per host in worker-id order; ``.values`` is the list of return values.
+
+        Raises:
+            SyntaxError: The code does not parse (nothing was started or sent).
+            ReservationError: See :meth:`slice_session`.
+            RemoteHostError: It raised on a host (that host's traceback; ``.result`` has all).
+            KeyboardInterrupt: Interrupted; the cell was stopped on every host first.
+        """
         if isinstance(code_or_fn, str):
             check_cell(code_or_fn)  # before a session (host actors, jax.distributed) is started
         session = self.slice_session(name)

@@ -34,7 +34,33 @@ class KubeRayControl:
     def connect(self, name: str, *, namespace: str | None = None, context: str | None = None,
                 kubeconfig: str | None = None, address: str | None = None,
                 port_forward: bool = True, timeout_s: float = 15.0) -> KubeRayTarget:
-        """Connect to RayCluster ``name``; as :meth:`raytpu_lab.lab.Session.connect_kuberay`."""
+        """Connect to RayCluster ``name`` on Kubernetes (KubeRay on GKE) with the ``kubernetes`` client.
+
+        Reads the RayCluster (its worker groups give the expected slices), requires
+        ``HeadPodReady``, finds ``<name>-head-svc`` and connects a Ray Client: in-cluster through
+        the service's DNS name, from outside through a port-forward set up here, or at ``address``
+        if given. Afterwards the session's snapshot also shows expected hosts that have not joined Ray
+        (``"provisioning"``, with their pod's reason) and slices KubeRay is replacing.
+
+        Args:
+            name: The RayCluster.
+            namespace: Its namespace; the kubeconfig context's namespace when ``None``.
+            context: A kubeconfig context; the current one when ``None``.
+            kubeconfig: A kubeconfig file; ``$KUBECONFIG`` / ``~/.kube/config`` when ``None``.
+            address: A Ray address to use instead (e.g. ``ray://127.0.0.1:10001``).
+            port_forward: Set up a port-forward when outside the cluster (else raise with the
+                ``kubectl port-forward`` command to run).
+            timeout_s: Seconds to wait for the Ray address to answer.
+
+        Returns:
+            The :class:`~raytpu_lab.kuberay.connect.KubeRayTarget` (also :attr:`target`).
+
+        Raises:
+            KubernetesError: No kubeconfig, unknown context, RBAC 403, RayCluster or CRD not
+                found, head not ready, port-forward refused (one clear message each).
+            ManifestError: The RayCluster's TPU groups break the webhook's rules.
+            ConnectError: The Ray address does not answer, or Ray refuses to connect.
+        """
         from raytpu_lab.kuberay.connect import resolve
 
         target = resolve(name, namespace=namespace, context=context, kubeconfig=kubeconfig,
@@ -61,7 +87,15 @@ class KubeRayControl:
 
     def apply(self, manifest: str | Path | Mapping[str, Any], *, namespace: str | None = None,
               context: str | None = None, kubeconfig: str | None = None) -> dict[str, Any]:
-        """Validate and server-side apply a RayCluster; as :meth:`raytpu_lab.lab.Session.apply`."""
+        """Validate a RayCluster manifest and create or update it on Kubernetes (server-side apply).
+
+        Returns:
+            The RayCluster as stored by the API server.
+
+        Raises:
+            ManifestError: It fails the CRD schema or the TPU rules (nothing is sent).
+            KubernetesError: As :meth:`connect`.
+        """
         from raytpu_lab.kuberay import check_manifest
         from raytpu_lab.kuberay.files import read_manifest
 
@@ -77,7 +111,20 @@ class KubeRayControl:
     def scale(self, group: str, slices: int, *, name: str | None = None,
               namespace: str | None = None, context: str | None = None,
               kubeconfig: str | None = None) -> list[str]:
-        """Set a TPU worker group's slice count; as :meth:`raytpu_lab.lab.Session.scale`."""
+        """Set a TPU worker group's slice count (``replicas``) on Kubernetes.
+
+        Args:
+            group: The worker group's ``groupName``.
+            slices: Slices wanted (KubeRay creates or deletes whole slices).
+            name: The RayCluster; the connected one (:meth:`connect`) when ``None``.
+
+        Returns:
+            Notes on bounds widened (``maxReplicas`` / ``minReplicas``).
+
+        Raises:
+            RaytpuError: ``slices`` below 0, or no RayCluster named and none connected.
+            KubernetesError: As :meth:`connect`, or no such group.
+        """
         if slices < 0:
             raise RaytpuError(f"--slices {slices} is not allowed.", why="A group has 0 or more slices.",
                               fix="Pass --slices 0 or more.")

@@ -34,7 +34,12 @@ class MapFeed:
         self._map: TopologyMap | None = None
 
     def status(self, highlight: set[str] | None = None) -> StatusView:
-        """A view of the snapshot; as :meth:`raytpu_lab.lab.Session.status`."""
+        """A view of the snapshot: text table, HTML table and SVG map (for display); rings
+        ``highlight`` (this session's slices if ``None``) here and on the live map.
+
+        Raises:
+            NotConnectedError: No cluster connected.
+        """
         marked = highlight if highlight is not None else self.own_slices()
         snapshot = self.snapshot()
         self.highlight(marked)
@@ -42,7 +47,15 @@ class MapFeed:
 
     def map(self, *, highlight: set[str] | None = None, interval_s: float | None = None,
             ) -> TopologyMap:
-        """The live topology map; as :meth:`raytpu_lab.lab.Session.map`."""
+        """The session's live topology map (one widget per session; displaying it again adds a view).
+
+        Args:
+            highlight: Slices to ring; this session's reservations if ``None``.
+            interval_s: Seconds between refreshes (the session's one refresher; default 1 s).
+
+        Raises:
+            NotConnectedError: No cluster connected.
+        """
         snapshot = self.snapshot()
         if interval_s is not None:
             self.refresher.interval_s = interval_s
