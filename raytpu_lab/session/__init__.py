@@ -6,7 +6,8 @@
 - :mod:`~raytpu_lab.session.hosts`: per-host processes of each reservation;
 - :mod:`~raytpu_lab.session.kuberay_control`: RayClusters on Kubernetes (connect, apply,
   scale, delete);
-- :mod:`~raytpu_lab.session.map_feed`: the refresher, live map, status view and highlights.
+- :mod:`~raytpu_lab.session.map_feed`: the live map, status view and highlights, fed by
+  :mod:`~raytpu_lab.session.refresher` (the session's one poller).
 
 The reservation service itself is :mod:`raytpu_lab.reservations.service`. Calls go one way:
 session -> services -> reader -> :mod:`raytpu_lab.state.fetch` / Ray; no service imports the

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from raytpu_lab.refresher import Refresher
+from raytpu_lab.session.refresher import Refresher
 from raytpu_lab.state.model import ClusterSnapshot
 from raytpu_lab.widgets.status import StatusView
 from raytpu_lab.widgets.topology_map import TopologyMap
