@@ -254,3 +254,14 @@ def test_down_stops_the_cluster_up_started(no_ray: list[str]) -> None:
     conn.address = started.address
     assert conn.down() == "raytpu" and started.stopped == 1
     assert conn.down() is None and "disconnect" in no_ray  # idempotent
+
+
+def test_use_session_puts_a_session_in_place_for_the_magics_and_restores_the_last() -> None:
+    from raytpu_lab import lab as lab_module
+
+    before = lab_module._LAB
+    mine = Session(FakeReader(RAW).reader())
+    with lab_module.use_session(mine) as session:
+        assert session is mine and lab_module.get_lab() is mine
+    assert lab_module._LAB is before
+    assert lab_module.Lab is Session
