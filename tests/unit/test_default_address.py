@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from raytpu_lab.session import connection as connection_module
 from raytpu_lab.errors import ConnectError
+from raytpu_lab.session import connection as connection_module
 
 
 def _clusters(monkeypatch: pytest.MonkeyPatch, *addresses: str) -> None:

@@ -19,10 +19,10 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from raytpu_lab.kuberay.connect import client_port, resolve
 from raytpu_lab.errors import KubernetesError, ManifestError, RaytpuError
 from raytpu_lab.kuberay import build_raycluster, load_manifest, parse_raycluster
 from raytpu_lab.kuberay.client import FIELD_MANAGER, KubeRayClient
+from raytpu_lab.kuberay.connect import client_port, resolve
 from raytpu_lab.kuberay.pods import planned_slices
 from raytpu_lab.kuberay.status import readiness
 from raytpu_lab.state.model import build_snapshot
