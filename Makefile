@@ -46,7 +46,7 @@ browser-deps:
 
 # `make demo TIMEOUT=600`: seconds the emulated cluster may take to start (default 180).
 demo: $(STAMP)
-	$(PY) -m raytpu_lab.demo $(if $(TIMEOUT),--timeout $(TIMEOUT))
+	$(PY) -m tools.demo $(if $(TIMEOUT),--timeout $(TIMEOUT))
 
 # TEST_BUDGET: minutes after which pytest is interrupted (SIGINT), so it still prints which
 # tests ran, failed or hung, well inside CI's own limit.

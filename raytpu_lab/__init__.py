@@ -1,8 +1,9 @@
 """raytpu_lab: a Jupyter-first workbench for Ray on Cloud TPUs.
 
 ``%load_ext raytpu_lab`` registers the ``%raytpu`` / ``%%raytpu`` magics. The same operations are
-methods of :class:`raytpu_lab.lab.Lab` (``get_lab()``). Heavy modules (Ray, IPython) load lazily so
-that the pure core (:mod:`raytpu_lab.tpu`, :mod:`raytpu_lab.state.model`) imports without them.
+methods of :class:`raytpu_lab.lab.Session` (``get_lab()``; ``Lab`` is its older name). Heavy
+modules (Ray, IPython) load lazily so that the pure core (:mod:`raytpu_lab.tpu`,
+:mod:`raytpu_lab.state.model`) imports without them.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ __version__ = "0.1.0"
 
 
 def get_lab() -> Lab:
-    """The kernel's one :class:`~raytpu_lab.lab.Lab`: connect, status, reserve, train."""
+    """The kernel's one :class:`~raytpu_lab.lab.Session`: connect, status, reserve, train."""
     from raytpu_lab.lab import get_lab as _get_lab
 
     return _get_lab()

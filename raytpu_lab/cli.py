@@ -12,8 +12,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from raytpu_lab._argtypes import positive_seconds
 from raytpu_lab.errors import InvalidTopologyError, RaytpuError
+from raytpu_lab.options import DEFAULT_TPU, add_down_options, add_up_options
 
 __all__ = ["main"]
 
@@ -23,20 +23,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     up = sub.add_parser("up", help="start an emulated TPU cluster and leave it running")
-    up.add_argument("--tpu", action="append", metavar="V:TOPO",
-                    help="slice shape, e.g. v6e:4x4 or v4:2x2x2; repeat for several shapes "
-                         "(default v6e:4x4)")
-    up.add_argument("--slices", type=int, default=2, help="slices of each shape (default 2)")
-    up.add_argument("--name", default=None,
-                    help="cluster name (default raytpu, or the manifest's metadata.name)")
-    up.add_argument("--manifest", metavar="FILE",
-                    help="emulate the TPU worker groups of a KubeRay RayCluster manifest "
-                         "(YAML/JSON) instead of --tpu/--slices")
-    up.add_argument("--timeout", type=positive_seconds, default=180.0,
-                    help="seconds to wait for every node to start (default 180)")
+    add_up_options(up)
 
-    down = sub.add_parser("down", help="stop an emulated cluster")
-    down.add_argument("--name", default=None, help="cluster name (default raytpu)")
+    down = sub.add_parser("down", help="stop an emulated cluster (default raytpu)")
+    add_down_options(down)
 
     sub.add_parser("list", help="list running emulated clusters")
 
@@ -89,15 +79,12 @@ def _up(args: argparse.Namespace) -> int:
     from raytpu_lab.cluster import emulator
 
     if args.manifest:
-        if args.tpu:
-            print("raytpu up: give --manifest or --tpu, not both.", file=sys.stderr)
-            return 2
-        from raytpu_lab.cluster.kuberay_emulator import up_from_manifest
+        from raytpu_lab.kuberay.emulate import up_from_manifest
 
         cluster = up_from_manifest(args.manifest, name=args.name, timeout_s=args.timeout,
                                    progress=_progress)
     else:
-        specs = [(spec, args.slices) for spec in (args.tpu or ["v6e:4x4"])]
+        specs = [(spec, args.slices) for spec in (args.tpu or [DEFAULT_TPU])]
         cluster = emulator.up(specs, name=args.name or emulator.DEFAULT_NAME,
                               timeout_s=args.timeout, progress=_progress)
     if sys.stderr.isatty():

@@ -191,9 +191,9 @@ class RemoteHostError(RaytpuError):
     engine's.
 
     Attributes:
-        result: Every host's output for the cell (a ``raytpu_lab.spmd.CellResult``), or ``None``
+        result: Every host's output for the cell (a ``raytpu_lab.reservations.spmd.CellResult``), or ``None``
             when the hosts could not run it at all.
-        host: The first failing host's output (``raytpu_lab.spmd.HostOutput``: rank, slice name,
+        host: The first failing host's output (``raytpu_lab.reservations.spmd.HostOutput``: rank, slice name,
             worker id, traceback text in ``.error``), or ``None``.
     """
 

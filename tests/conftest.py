@@ -156,7 +156,7 @@ def settled_leftovers(cluster, timeout_s: float = 15.0) -> dict[str, list[str]]:
 
 def run_notebook(path: Path, out: Path, cluster, *, timeout_s: float = 900.0,
                  env: dict[str, str] | None = None) -> dict:
-    """Execute ``path`` headless as ``make demo`` does (``python -m raytpu_lab.demo --notebook``),
+    """Execute ``path`` headless as ``make demo`` does (``python -m tools.demo --notebook``),
     its ``%raytpu up`` joining ``cluster``.
 
     Returns:
@@ -168,7 +168,7 @@ def run_notebook(path: Path, out: Path, cluster, *, timeout_s: float = 900.0,
     """
     from raytpu_lab.cluster import emulator
 
-    proc = subprocess.run([sys.executable, "-m", "raytpu_lab.demo", "--notebook", str(path),
+    proc = subprocess.run([sys.executable, "-m", "tools.demo", "--notebook", str(path),
                            "--out", str(out)], cwd=REPO, env={**os.environ, **(env or {})},
                           capture_output=True, text=True, timeout=timeout_s)
     log = proc.stdout + proc.stderr

@@ -269,7 +269,7 @@ def up(
         name: Cluster name; also names its folder under :func:`state_root`.
         timeout_s: Seconds to wait for every node to start (failed starts are retried within it).
         groups: Worker groups with their names, manifest env and ``ray start`` resources (from a
-            RayCluster manifest, see :mod:`raytpu_lab.cluster.kuberay_emulator`); replaces
+            RayCluster manifest, see :mod:`raytpu_lab.kuberay.emulate`); replaces
             ``specs`` when given.
         namespace: The namespace the hosts' environment names (``RAY_CLUSTER_NAMESPACE``).
         progress: Called as ``progress(hosts up, hosts expected)`` while hosts start.

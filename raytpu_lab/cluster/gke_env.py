@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from raytpu_lab.tpu.labels import KUBERAY_LABEL_GROUP, KUBERAY_LABEL_HOST, KUBERAY_LABEL_REPLICA
 from raytpu_lab.tpu.topology import SliceShape
 
 __all__ = [
@@ -182,13 +183,13 @@ def worker_pod_labels(shape: SliceShape, *, cluster: str, group: str, replica: i
     """
     labels = {
         "ray.io/is-ray-node": "yes", "ray.io/cluster": cluster, "ray.io/node-type": "worker",
-        "ray.io/group": group, "ray.io/identifier": f"{cluster}-worker",
+        KUBERAY_LABEL_GROUP: group, "ray.io/identifier": f"{cluster}-worker",
         "app.kubernetes.io/name": "kuberay", "app.kubernetes.io/created-by": "kuberay-operator",
-        "ray.io/worker-group-replica-index": str(replica),
+        KUBERAY_LABEL_REPLICA: str(replica),
     }
     if shape.num_hosts > 1:
         labels["ray.io/worker-group-replica-name"] = f"{group}-r{replica:04d}"
-        labels["ray.io/replica-host-index"] = str(worker_id)
+        labels[KUBERAY_LABEL_HOST] = str(worker_id)
     return labels
 
 

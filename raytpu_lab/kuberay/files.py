@@ -10,7 +10,7 @@ import yaml
 
 from raytpu_lab.errors import ManifestError
 
-__all__ = ["load_manifest", "dump_manifest", "RAY_KINDS"]
+__all__ = ["load_manifest", "read_manifest", "dump_manifest", "RAY_KINDS"]
 
 RAY_KINDS = ("RayCluster", "RayJob", "RayService")
 """Kinds whose manifests hold a RayCluster spec."""
@@ -48,6 +48,17 @@ def load_manifest(path: str | Path) -> dict[str, Any]:
                         fix="Point at a RayCluster (ray.io/v1) manifest, e.g. one written by "
                             "raytpu_lab.kuberay.dump_manifest(build_raycluster(...)).",
                         source=str(path))
+
+
+def read_manifest(manifest: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """``(manifest dict, source name)`` from a file path or a dict (a dict is copied).
+
+    Raises:
+        ManifestError: As :func:`load_manifest`, for a path.
+    """
+    if isinstance(manifest, Mapping):
+        return dict(manifest), "manifest"
+    return load_manifest(manifest), str(manifest)
 
 
 def dump_manifest(manifest: Mapping[str, Any]) -> str:

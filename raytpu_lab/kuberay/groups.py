@@ -27,6 +27,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from raytpu_lab.errors import InvalidTopologyError, ManifestError
+from raytpu_lab.tpu.labels import GKE_ACCELERATOR_SELECTOR, GKE_TOPOLOGY_SELECTOR, GKE_TPU_RESOURCE
 from raytpu_lab.tpu.topology import SliceShape, normalize_version
 
 __all__ = [
@@ -45,9 +46,9 @@ __all__ = [
     "head_service_name",
 ]
 
-TPU_RESOURCE = "google.com/tpu"
-ACCELERATOR_SELECTOR = "cloud.google.com/gke-tpu-accelerator"
-TOPOLOGY_SELECTOR = "cloud.google.com/gke-tpu-topology"
+TPU_RESOURCE = GKE_TPU_RESOURCE
+ACCELERATOR_SELECTOR = GKE_ACCELERATOR_SELECTOR
+TOPOLOGY_SELECTOR = GKE_TOPOLOGY_SELECTOR
 _KINDS_WITH_CLUSTER_SPEC = {"RayCluster": (), "RayJob": ("rayClusterSpec",),
                             "RayService": ("rayClusterConfig",)}
 _DEFAULT_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}  # KubeRay, README (e)

@@ -15,13 +15,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from raytpu_lab.kuberay.groups import RayClusterPlan
-from raytpu_lab.state.model import PlannedHost, PlannedSlice
+from raytpu_lab.state.planned import PlannedHost, PlannedSlice
+from raytpu_lab.tpu.labels import KUBERAY_LABEL_GROUP, KUBERAY_LABEL_HOST, KUBERAY_LABEL_REPLICA
 
 __all__ = ["pod_problem", "planned_slices", "LABEL_GROUP", "LABEL_REPLICA", "LABEL_HOST"]
 
-LABEL_GROUP = "ray.io/group"
-LABEL_REPLICA = "ray.io/worker-group-replica-index"
-LABEL_HOST = "ray.io/replica-host-index"
+LABEL_GROUP = KUBERAY_LABEL_GROUP
+LABEL_REPLICA = KUBERAY_LABEL_REPLICA
+LABEL_HOST = KUBERAY_LABEL_HOST
 _MAX_DETAIL = 200
 
 

@@ -54,5 +54,3 @@ def empty_cells_as_lines(lines: list[str]) -> list[str]:
 
 def _current_shell() -> Any:
     return get_ipython()
-
-

@@ -66,5 +66,3 @@ async def with_brief_errors(args: argparse.Namespace, coro: Coroutine[Any, Any, 
         return await coro
     except BaseException as err:
         brief_errors(args, err)
-
-

@@ -10,6 +10,7 @@ from IPython.display import display
 
 from raytpu_lab.magics._text import count_of
 from raytpu_lab.magics.context import CommandContext
+from raytpu_lab.options import DEFAULT_TPU
 
 
 class ClusterCommands(CommandContext):
@@ -22,8 +23,9 @@ class ClusterCommands(CommandContext):
             if shown is not None:
                 shown.update(_UpProgress(up, expected))
 
-        cluster = self.session.up(args.tpu, args.slices, name=args.name, manifest=args.manifest,
-                               timeout_s=args.timeout, progress=progress)
+        cluster = self.session.up(args.tpu or [DEFAULT_TPU], args.slices, name=args.name,
+                                  manifest=args.manifest, timeout_s=args.timeout,
+                                  progress=progress)
         joined = self.session.started_cluster is not cluster
         print(f"Emulated cluster {cluster.name!r}: {count_of(len(cluster.hosts), 'TPU host')} at {cluster.address} "
               f"(dashboard {cluster.dashboard_url})"

@@ -1,21 +1,19 @@
 """The ``%raytpu`` argument parser: one subparser per subcommand, options shared by the
-subcommands that take them, and the ``up``/``down`` options the ``raytpu`` shell command uses too
-(:func:`add_up_options`, :func:`add_down_options`), so the same subcommand means the same thing in
-a cell and in a shell."""
+subcommands that take them; ``up`` and ``down`` take the options the ``raytpu`` shell command
+gives them too (:mod:`raytpu_lab.options`), so they mean the same thing in a cell and a shell."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
 from IPython.core.error import UsageError
 
 from raytpu_lab._argtypes import positive_seconds
-from raytpu_lab.cluster.emulator import DEFAULT_NAME
+from raytpu_lab.options import add_down_options, add_up_options
 
-__all__ = ["CELL_COMMANDS", "HelpShown", "add_down_options", "add_up_options", "build_parser"]
+__all__ = ["CELL_COMMANDS", "HelpShown", "build_parser"]
 
 
 class HelpShown(Exception):
@@ -81,22 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     up = sub.add_parser("up", help="start a local emulated TPU cluster and connect to it")
-    up.add_argument("--tpu", default="v6e:4x4", metavar="V:TOPO",
-                    help="slice shape, e.g. v6e:4x4, v5e:2x2, v4:2x2x2, v7x:2x2x1 (default v6e:4x4)")
-    up.add_argument("--slices", type=int, default=2, help="number of slices (default 2)")
-    up.add_argument("--name", default=None,
-                    help=f"cluster name (default {DEFAULT_NAME}, or the manifest's metadata.name)")
-    up.add_argument("--manifest", metavar="FILE",
-                    help="emulate this RayCluster manifest (its TPU worker groups) instead of --tpu")
-    up.add_argument("--timeout", type=positive_seconds,
-                    default=float(os.environ.get("RAYTPU_UP_TIMEOUT_S") or 180.0),
-                    help="seconds to wait for every node to start (default 180, or "
-                         "$RAYTPU_UP_TIMEOUT_S)")
+    add_up_options(up)
 
     down = sub.add_parser("down", help="release reservations, disconnect, stop the emulated "
                                        "cluster this session started")
-    down.add_argument("--name", default=None,
-                      help="also stop the emulated cluster of this name, whoever started it")
+    add_down_options(down)
 
     conn = sub.add_parser("connect", help="connect to a running Ray cluster (or a RayCluster on Kubernetes)")
     conn.add_argument("address", nargs="?",
@@ -225,6 +212,3 @@ def _kube_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--namespace", help="Kubernetes namespace (default: the context's)")
     parser.add_argument("--context", help="kubeconfig context (default: the current one)")
     parser.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
-
-
-@magics_class

@@ -94,4 +94,3 @@ class ReservationCommands(CommandContext):
             whose = "this session" if r.name in own else f"job {r.creator_job_id or '?'}"
             print(f"{r.name}: {r.pod_type or '?'} {r.topology} on {', '.join(r.slice_names) or '-'} "
                   f"({count_of(r.num_hosts, 'host')}, {count_of(r.chips, 'chip')}; {life}; {whose}; {r.state})")
-

@@ -14,7 +14,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.display import display
 
-from raytpu_lab.errors import RaytpuError, ReservationError, TrainingConfigError, TrainingError
+from raytpu_lab.errors import RaytpuError, TrainingConfigError, TrainingError
 from raytpu_lab.magics._text import count_of
 from raytpu_lab.magics.brief import Brief
 from raytpu_lab.magics.context import CommandContext
@@ -141,14 +141,7 @@ class RunCommands(CommandContext):
     def _shape_from_reservation(self, args: argparse.Namespace) -> None:
         """``--reservation NAME`` fills ``--topology/--version/--slices`` from the reservation."""
         if args.reservation:
-            res = {r.name: r for r in self.session.reservations()}.get(args.reservation)
-            if res is None:
-                held = ", ".join(r.name for r in self.session.reservations()) or "none"
-                raise ReservationError(
-                    f"No reservation named {args.reservation!r} in this session.",
-                    why=f"Reservations held: {held}.",
-                    fix="Reserve it first (%raytpu reserve ...), or attach a detached one "
-                        "(%raytpu attach NAME).")
+            res = self.session.reservation_service.get(args.reservation)
             shape = res.shape
             clash = []
             if args.version and not _is_shape(args.version, shape.topology, shape):
@@ -268,5 +261,3 @@ def _is_shape(version: str, topology: str, shape: SliceShape) -> bool:
         return SliceShape.of(version, topology) == shape
     except RaytpuError:
         return False
-
-

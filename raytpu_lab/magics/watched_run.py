@@ -188,5 +188,3 @@ class WatchedRun:
             state = "failed to start" if self._launched.is_set() else "starting"
             return f"WatchedRun({self.dashboard.title!r}, {state})"
         return f"WatchedRun({self._handle!r})"
-
-

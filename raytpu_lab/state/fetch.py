@@ -36,7 +36,7 @@ from raytpu_lab._protocols import (
     RawState,
 )
 
-__all__ = ["fetch_raw_state", "fetch_placement_group_lifetimes"]
+__all__ = ["fetch_raw_state", "fetch_placement_group_lifetimes", "count_alive_nodes"]
 
 
 def fetch_raw_state() -> RawState:
@@ -128,7 +128,7 @@ def fetch_placement_group_lifetimes() -> dict[str, PlacementGroupLifetime]:
     }
 
 
-def fetch_placement_group_states() -> dict[str, dict[str, Any]]:
+def fetch_placement_group_states() -> dict[str, dict[str, str]]:
     """``{placement group id (hex): {"state": "CREATED" | "PENDING" | "REMOVED" | ..., "name":
     its name or ""}}`` for every placement group Ray's table lists (removed ones included), from
     ``ray.util.placement_group_table()``. A training run uses it to tell its own groups (new since
@@ -139,3 +139,14 @@ def fetch_placement_group_states() -> dict[str, dict[str, Any]]:
     """
     return {pg: {"state": str(info.get("state") or ""), "name": str(info.get("name") or "")}
             for pg, info in ray.util.placement_group_table().items()}
+
+
+def count_alive_nodes() -> int:
+    """How many Ray nodes are alive (head included), from ``ray.nodes()``; a cheap read to wait
+    for nodes to join.
+
+    Raises:
+        ray.exceptions.RaySystemError: Ray is not initialised (callers check first).
+    """
+    nodes: list[dict[str, object]] = ray.nodes()  # type: ignore[no-untyped-call]
+    return sum(1 for n in nodes if n.get("Alive"))

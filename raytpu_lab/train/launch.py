@@ -30,7 +30,7 @@ from ray.util.queue import Queue
 
 from raytpu_lab import _ray_private
 from raytpu_lab.state.fetch import fetch_placement_group_states
-from raytpu_lab.state.model import ClusterSnapshot
+from raytpu_lab.state.snapshot import ClusterSnapshot
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.profile import ProfileWindow, with_profiler
 from raytpu_lab.train.result import RunResult

@@ -63,7 +63,7 @@ class RunHandle:
         name: Run name.
         result: The run's :class:`RunResult`, filled while it runs; final once :attr:`done`.
         failure: An error found around the run rather than in it (e.g. it did not land on the
-            reservation it was lent, see :mod:`raytpu_lab.train.on_reservation`); set before
+            reservation it was lent, see :mod:`raytpu_lab.reservations.loans`); set before
             :attr:`done`, raised by :meth:`wait`.
     """
 

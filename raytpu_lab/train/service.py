@@ -26,13 +26,14 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
+from raytpu_lab._protocols import RawState
 from raytpu_lab.errors import NoSliceAvailableError, ReservationError, TrainingConfigError
-from raytpu_lab.reserve import Reservation, diagnose
+from raytpu_lab.reservations.loans import SliceLoan
+from raytpu_lab.reservations.slices import Reservation, diagnose
 from raytpu_lab.state.fetch import fetch_raw_state
-from raytpu_lab.state.model import ClusterSnapshot
+from raytpu_lab.state.snapshot import ClusterSnapshot
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.launch import start_jax
-from raytpu_lab.train.on_reservation import SliceLoan
 from raytpu_lab.train.profile import ProfileWindow
 from raytpu_lab.train.profile_analysis import ProfileReport
 from raytpu_lab.train.profile_load import load_profile
@@ -104,7 +105,7 @@ class Runs:
                  release_hosts: Callable[[str], None],
                  on_placed: Callable[[str, list[str], list[str], int], None],
                  on_ended: Callable[[str], None],
-                 raw_state: Callable[[], dict[str, Any]] = fetch_raw_state,
+                 raw_state: Callable[[], RawState] = fetch_raw_state,
                  trainers: dict[TrainerKind, TrainerFactory] | None = None) -> None:
         self._snapshot = snapshot
         self._require_connection = require_connection
@@ -125,7 +126,7 @@ class Runs:
         """Check ``spec``, wait for its slices, start it; return its handle at once.
 
         With ``spec.reservation``, the run is lent that reservation's slices (a
-        :class:`~raytpu_lab.train.on_reservation.SliceLoan`): it lands there or is aborted, and
+        :class:`~raytpu_lab.reservations.loans.SliceLoan`): it lands there or is aborted, and
         the reservation takes its slices back when the run ends. Else it waits up to
         ``spec.wait_s`` for enough idle slices.
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytpu_lab.cluster.gke_env import EMULATED_LABEL
-from raytpu_lab.state.model import ClusterSnapshot
+from raytpu_lab.state.snapshot import ClusterSnapshot
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.profile import ProfileWindow, with_profiler
 from raytpu_lab.train.protocols import TorchRunSummary, Trainer

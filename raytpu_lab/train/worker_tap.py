@@ -39,12 +39,13 @@ from collections.abc import Callable
 from typing import Any
 
 from raytpu_lab.errors import TrainingConfigError
+from raytpu_lab.tpu.labels import LABEL_SLICE, LABEL_WORKER
 from raytpu_lab.train.protocols import ErrorRow, LogBatch, PlacementRow, TapEvent, TapRow
 
 __all__ = ["accepts_config", "check_names", "tap_train_fn", "SLICE_LABEL", "WORKER_ID_LABEL"]
 
-SLICE_LABEL = "ray.io/tpu-slice-name"
-WORKER_ID_LABEL = "ray.io/tpu-worker-id"
+SLICE_LABEL = LABEL_SLICE
+WORKER_ID_LABEL = LABEL_WORKER
 
 
 def accepts_config(fn: Callable[..., Any]) -> bool:

@@ -35,7 +35,7 @@ def connected_to(cluster: emulator.EmulatedCluster) -> bool:
 @pytest.fixture()
 def lab(cluster: emulator.EmulatedCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
     """A connected session, installed as the kernel's Lab so magics use it; leaves nothing held."""
-    import raytpu_lab.lab as lab_module
+    from raytpu_lab.lab import use_session
 
     session = Lab()
     if ray.is_initialized() and not connected_to(cluster):
@@ -49,8 +49,8 @@ def lab(cluster: emulator.EmulatedCluster, monkeypatch: pytest.MonkeyPatch) -> I
     else:
         session.address = cluster.address
     session.cluster = cluster
-    monkeypatch.setattr(lab_module, "_LAB", session)
-    yield session
+    with use_session(session):
+        yield session
     for res in session.reservations():
         res.release()
 

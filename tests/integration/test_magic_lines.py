@@ -31,9 +31,11 @@ from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
 import raytpu_lab.lab as lab_module
+from raytpu_lab.cluster import emulator
 from raytpu_lab.errors import RaytpuError
 from raytpu_lab.lab import Lab
-from raytpu_lab.magics import DebugTraceback, _Brief
+from raytpu_lab.magics.brief import Brief as _Brief
+from raytpu_lab.magics.brief import DebugTraceback
 
 from .conftest import connected_to, live_actors, live_placement_groups, wait_until
 
@@ -58,8 +60,7 @@ def lab(cluster):
     if ray.is_initialized() and not connected_to(cluster):
         ray.shutdown()  # another module's cluster: one driver talks to one cluster at a time
     session = Lab()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lab_module, "_LAB", session)
+    with lab_module.use_session(session):
         session.connect(cluster.address)
         session.cluster = cluster
         try:
@@ -184,7 +185,7 @@ def _quote(word: str, how: int) -> str:
 def _emulated_nodes() -> tuple[int, list[str]]:
     """Alive Ray nodes of the connected cluster, and the emulated clusters running."""
     return (sum(n["Alive"] for n in ray.nodes()),
-            [c.name for c in lab_module.emulator.running()])
+            [c.name for c in emulator.running()])
 
 
 def _run(ip, line: str, body: str | None) -> tuple[str, BaseException | None]:

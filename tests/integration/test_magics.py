@@ -172,11 +172,11 @@ def test_connect_to_nothing_fails_within_15_s(ip, lab: Lab) -> None:
     assert lab.connected, "a failed connect must keep the current connection"
 
 
-def test_jax_without_a_cluster(ip, lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
-    import raytpu_lab.lab as lab_module
+def test_jax_without_a_cluster(ip, lab: Lab) -> None:
+    from raytpu_lab.lab import use_session
 
-    monkeypatch.setattr(lab_module, "_LAB", Lab())
-    out = _run(ip, "jax --topology 4x4 --version v6e", "def f(config):\n    pass\n")
+    with use_session(Lab()):
+        out = _run(ip, "jax --topology 4x4 --version v6e", "def f(config):\n    pass\n")
     _assert_brief(out, "no Ray cluster is connected", "%raytpu up")
     assert "FigureWidget" not in out.stdout
 

@@ -20,7 +20,7 @@ from ray.util.tpu import get_num_ready_tpu_slices
 from raytpu_lab.cluster import emulator
 from raytpu_lab.errors import NoSliceAvailableError
 from raytpu_lab.lab import Lab
-from raytpu_lab.state.model import LABEL_SLICE
+from raytpu_lab.tpu.labels import LABEL_SLICE
 
 from . import _driver
 from .conftest import live_placement_groups, wait_until

@@ -34,7 +34,7 @@ def kuberay_run(tmp_path_factory: pytest.TempPathFactory, shared_cluster):
     env = {**os.environ, "RAYTPU_EMULATOR_ROOT": str(root),
            "KUBECONFIG": str(out / "no-kubeconfig"), "RAYTPU_GKE": ""}
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    proc = subprocess.run([sys.executable, "-m", "raytpu_lab.demo", "--notebook", str(NOTEBOOK),
+    proc = subprocess.run([sys.executable, "-m", "tools.demo", "--notebook", str(NOTEBOOK),
                            "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
     log = proc.stdout + proc.stderr

@@ -1,5 +1,5 @@
 """notebooks/05_multislice.ipynb runs headless on the shared emulated cluster (two v6e 4x4 slices
-of it), through ``python -m raytpu_lab.demo --notebook`` like the quickstart."""
+of it), through ``python -m tools.demo --notebook`` like the quickstart."""
 
 from __future__ import annotations
 

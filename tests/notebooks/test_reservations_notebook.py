@@ -6,7 +6,7 @@ from __future__ import annotations
 import nbformat
 from nbclient import NotebookClient
 
-from raytpu_lab.demo import _VenvKernelManager
+from tools.demo import _VenvKernelManager
 
 from ..conftest import CLEAN, REPO, check_saved_outputs, settled_leftovers
 

@@ -60,13 +60,32 @@ def test_a_bad_manifest_is_refused_before_anything_starts(
 
 
 def test_manifest_and_tpu_do_not_mix(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["up", "--manifest", "x.yaml", "--tpu", "v6e:4x4"]) == 2
-    assert "not both" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["up", "--manifest", "x.yaml", "--tpu", "v6e:4x4"])
+    assert exited.value.code == 2
+    assert "argument --tpu: not allowed with argument --manifest" in capsys.readouterr().err
+
+
+def test_up_and_down_take_the_same_options_in_a_cell_and_a_shell() -> None:
+    """One definition (raytpu_lab.options) serves both parsers: same options, same defaults."""
+    from raytpu_lab.cluster.emulator import DEFAULT_NAME
+    from raytpu_lab.magics import build_parser
+
+    def options(parser, command: str) -> dict[str, object]:
+        sub = cli._subparser(parser, command)
+        return {a.dest: (a.default, a.help) for a in sub._actions if a.dest != "help"}
+
+    for command in ("up", "down"):
+        assert options(cli._parser(), command) == options(build_parser(), command), command
+    parsed = build_parser().parse_args(["up", "--tpu", "v6e:4x4", "--tpu", "v4:2x2x2"])
+    assert parsed.tpu == ["v6e:4x4", "v4:2x2x2"]
+    assert f"default {DEFAULT_NAME}," in options(cli._parser(), "up")["name"][1]
 
 
 def test_a_long_manifest_name_is_cut_to_fit_rays_socket_paths(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from raytpu_lab.cluster import emulator, kuberay_emulator
+    from raytpu_lab.cluster import emulator
+    from raytpu_lab.kuberay import emulate as kuberay_emulator
 
     monkeypatch.setenv("RAYTPU_EMULATOR_ROOT", "/tmp/raytpu")
     asked: list[str] = []

@@ -6,32 +6,32 @@ from types import SimpleNamespace
 
 import pytest
 
-from raytpu_lab import lab as lab_module
 from raytpu_lab.errors import ConnectError
+from raytpu_lab.session import connection as connection_module
 
 
 def _clusters(monkeypatch: pytest.MonkeyPatch, *addresses: str) -> None:
     found = [SimpleNamespace(name=f"c{i}", address=a) for i, a in enumerate(addresses)]
-    monkeypatch.setattr(lab_module.emulator, "running", lambda: found)
+    monkeypatch.setattr(connection_module.emulator, "running", lambda: found)
 
 
 def test_ray_address_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
     _clusters(monkeypatch, "127.0.0.1:6000")
-    assert lab_module.default_address() == "10.0.0.5:6379"
+    assert connection_module.default_address() == "10.0.0.5:6379"
 
 
 def test_the_one_running_emulated_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     _clusters(monkeypatch, "127.0.0.1:6000")
-    assert lab_module.default_address() == "127.0.0.1:6000"
+    assert connection_module.default_address() == "127.0.0.1:6000"
 
 
 def test_several_clusters_are_listed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     _clusters(monkeypatch, "127.0.0.1:6000", "127.0.0.1:7000")
     with pytest.raises(ConnectError, match="2 emulated clusters") as err:
-        lab_module.default_address()
+        connection_module.default_address()
     assert "c0 at 127.0.0.1:6000; c1 at 127.0.0.1:7000" in str(err.value)
 
 
@@ -39,7 +39,7 @@ def test_nothing_to_connect_to_says_what_to_do(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     _clusters(monkeypatch)
     with pytest.raises(ConnectError, match="No Ray cluster to connect to") as err:
-        lab_module.default_address()
+        connection_module.default_address()
     assert "%raytpu up" in err.value.fix and "--kuberay" in err.value.fix
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import nbformat
 
-from raytpu_lab.demo import export_html
 from raytpu_lab.state import build_snapshot
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.result import RunResult
 from raytpu_lab.train.run import RunUpdate
 from raytpu_lab.widgets.run_dashboard import PLOTLY_MIME, RunDashboard
 from raytpu_lab.widgets.svg import render_status_html
+from tools.demo import export_html
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

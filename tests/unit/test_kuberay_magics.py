@@ -17,7 +17,7 @@ from IPython.utils.capture import capture_output
 import raytpu_lab.lab as lab_module
 from raytpu_lab.kuberay import build_raycluster, dump_manifest
 from raytpu_lab.lab import Lab
-from raytpu_lab.magics import _HelpShown, build_parser
+from raytpu_lab.magics.parser import HelpShown, build_parser
 
 from ..k8s_standin import SECRETS, KubeStandIn, ready_status, running_standin, write_kubeconfig
 
@@ -38,8 +38,8 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeSta
     with running_standin() as s:
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "config", s.url, namespace=NS)))
-        monkeypatch.setattr(lab_module, "_LAB", Lab())
-        yield s
+        with lab_module.use_session(Lab()):
+            yield s
 
 
 def _run(ip, line: str) -> tuple[str, object]:
@@ -50,7 +50,7 @@ def _run(ip, line: str) -> tuple[str, object]:
 
 @pytest.mark.parametrize("command", ["apply", "scale", "delete", "connect", "up"])
 def test_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(_HelpShown):
+    with pytest.raises(HelpShown):
         build_parser().parse_args([command, "--help"])
     assert f"raytpu {command}" in capsys.readouterr().out
 

@@ -19,10 +19,10 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from raytpu_lab.cluster.kuberay_connect import client_port, resolve
 from raytpu_lab.errors import KubernetesError, ManifestError, RaytpuError
 from raytpu_lab.kuberay import build_raycluster, load_manifest, parse_raycluster
 from raytpu_lab.kuberay.client import FIELD_MANAGER, KubeRayClient
+from raytpu_lab.kuberay.connect import client_port, resolve
 from raytpu_lab.kuberay.pods import planned_slices
 from raytpu_lab.kuberay.status import readiness
 from raytpu_lab.state.model import build_snapshot
@@ -500,7 +500,7 @@ def test_down_stops_what_up_started_even_after_connecting_elsewhere(monkeypatch:
 
     monkeypatch.setattr(emulator, "find", lambda name=emulator.DEFAULT_NAME: None)
     lab = Lab()
-    lab._started = _Started()  # type: ignore[assignment]  # as after lab.up(manifest=...)
+    lab.connection.started = _Started()  # type: ignore[assignment]  # as after lab.up(manifest=...)
     lab.cluster = None  # connect_kuberay through a port-forward: the address is not the emulator's
     assert lab.down() == "tpu-lab" and stopped == ["tpu-lab"]
     assert lab.down() is None and stopped == ["tpu-lab"]  # idempotent

@@ -10,20 +10,6 @@ from raytpu_lab.tpu import labels
 PACKAGE = Path(labels.__file__).resolve().parents[1]
 NAMES = {getattr(labels, n): n for n in labels.__all__ if isinstance(getattr(labels, n), str)}
 
-# Still spelled out where they were before tpu/labels.py existed (other branches' files; they
-# import from raytpu_lab.tpu.labels at merge): remove a line when its file does.
-PENDING = {
-    "cluster/gke_env.py": {"ray.io/group", "ray.io/worker-group-replica-index",
-                           "ray.io/replica-host-index"},
-    "kuberay/groups.py": {"google.com/tpu", "cloud.google.com/gke-tpu-accelerator",
-                          "cloud.google.com/gke-tpu-topology"},
-    "kuberay/pods.py": {"ray.io/group", "ray.io/worker-group-replica-index",
-                        "ray.io/replica-host-index"},
-    "state/reservations.py": {"raytpu:"},
-    "train/worker_tap.py": {"ray.io/tpu-slice-name", "ray.io/tpu-worker-id"},
-}
-
-
 def _literals(path: Path) -> set[str]:
     """Label names used as string constants in code (docstrings and f-string text aside)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -42,7 +28,7 @@ def test_each_name_is_spelled_only_in_labels_module() -> None:
         names = _literals(path)
         if names:
             found[rel] = names
-    assert found == {k: v for k, v in PENDING.items() if (PACKAGE / k).exists()}
+    assert found == {}, f"spell these through raytpu_lab.tpu.labels: {found}"
 
 
 def test_labels_module_defines_each_value_once() -> None:

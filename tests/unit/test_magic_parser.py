@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from IPython.core.error import UsageError
 
-from raytpu_lab.magics import _HelpShown, build_parser
+from raytpu_lab.magics.parser import HelpShown, build_parser
 
 COMMANDS = ["up", "down", "connect", "status", "map", "reserve", "release", "reservations", "jax",
             "run", "attach", "torch"]
@@ -13,7 +13,7 @@ COMMANDS = ["up", "down", "connect", "status", "map", "reserve", "release", "res
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_subcommand_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(_HelpShown):
+    with pytest.raises(HelpShown):
         build_parser().parse_args([command, "--help"])
     assert f"raytpu {command}" in capsys.readouterr().out
 

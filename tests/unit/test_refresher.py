@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from raytpu_lab.refresher import Refresher
+from raytpu_lab.session.refresher import Refresher
 from raytpu_lab.state.model import build_snapshot
 
 RAW = json.loads((Path(__file__).parent / "fixtures" / "raw_v6e_4x4_x2_idle.json").read_text())

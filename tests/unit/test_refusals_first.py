@@ -7,14 +7,16 @@ spies below would see it, or the error would be "no Ray cluster is connected" in
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
-import raytpu_lab.lab as lab_module
-import raytpu_lab.magics as magics_module
-from raytpu_lab.lab import Lab
+import raytpu_lab.magics.run_commands as magics_module
+import raytpu_lab.session.connection as connection_module
+from raytpu_lab.lab import Lab, use_session
 from raytpu_lab.train.service import Runs
 
 BODY = "ran_the_cell = True\ndef f(config):\n    pass\n"
@@ -28,11 +30,10 @@ def ip():
 
 
 @pytest.fixture()
-def contacted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def contacted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """A fresh Lab as the kernel's; records every step that needs a cluster or shows a view."""
     seen: list[str] = []
     lab = Lab()
-    monkeypatch.setattr(lab_module, "_LAB", lab)
 
     def spy(name: str, real):
         def call(*args, **kwargs):
@@ -40,18 +41,19 @@ def contacted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             return real(*args, **kwargs)
         return call
 
-    for name in ("_require_connection", "snapshot"):
-        monkeypatch.setattr(Lab, name, spy(name, getattr(Lab, name)))
+    for name in ("require", "snapshot", "raw", "reservations"):  # every read of the cluster
+        monkeypatch.setattr(lab.reader, name, spy(name, getattr(lab.reader, name)))
     for name in ("start", "_wait_for_idle"):  # the run service: launching anything
         monkeypatch.setattr(Runs, name, spy(name, getattr(Runs, name)))
     for name in ("probe", "connect", "default_address"):  # reaching for a cluster
-        monkeypatch.setattr(lab_module, name, spy(name, getattr(lab_module, name)))
+        monkeypatch.setattr(connection_module, name, spy(name, getattr(connection_module, name)))
     monkeypatch.setattr(magics_module, "RunDashboard", spy("dashboard", magics_module.RunDashboard))
     import ray
 
     for name in ("init", "nodes", "get"):
         monkeypatch.setattr(ray, name, spy(f"ray.{name}", getattr(ray, name)))
-    return seen
+    with use_session(lab):
+        yield seen
 
 
 def _run(ip, source: str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raytpu_lab.state.reservations import head_lock_name, host_order, list_reservations
+from raytpu_lab.reservations.info import head_lock_name, host_order, list_reservations
 
 
 def _node(node_id: str, slice_name: str, worker: int) -> dict:

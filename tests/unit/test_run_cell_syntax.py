@@ -7,9 +7,8 @@ import pytest
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
-from raytpu_lab import lab as lab_module
-from raytpu_lab.lab import Lab
-from raytpu_lab.spmd import check_cell
+from raytpu_lab.lab import Session, use_session
+from raytpu_lab.reservations.spmd import check_cell
 
 
 @pytest.fixture()
@@ -18,13 +17,14 @@ def ip(monkeypatch: pytest.MonkeyPatch):
 
     shell = start_ipython() or get_ipython()  # None when another test started it already
     shell.run_line_magic("load_ext", "raytpu_lab")
-    monkeypatch.setattr(lab_module, "_LAB", Lab())
-    return shell
+    with use_session(Session()) as session:
+        shell.session = session  # the session the magics use, for the test to reach its services
+        yield shell
 
 
 def test_a_syntax_error_is_shown_where_it_is_and_nothing_is_sent(ip, monkeypatch) -> None:
     started: list[str] = []
-    monkeypatch.setattr(Lab, "slice_session", lambda self, name: started.append(name))
+    monkeypatch.setattr(ip.session.hosts, "slice_session", lambda name: started.append(name))
     with capture_output() as out:
         result = ip.run_cell("%%raytpu run --on r1\nimport jax\nx = (1,\n", store_history=False)
     text = out.stdout + out.stderr
@@ -42,7 +42,7 @@ def test_check_cell_accepts_what_the_hosts_run() -> None:
 
 
 def test_a_host_traceback_starts_in_the_cell_and_shows_its_lines() -> None:
-    from raytpu_lab.spmd import _HostProcess  # the host side, run here without Ray
+    from raytpu_lab.reservations.spmd import _HostProcess  # the host side, run here without Ray
 
     host = _HostProcess(rank=0)
     out = host.run("def f(x):\n    return 1 / x\n\nf(0)\n")
@@ -53,7 +53,7 @@ def test_a_host_traceback_starts_in_the_cell_and_shows_its_lines() -> None:
 
 
 def test_a_called_function_traceback_starts_in_the_function() -> None:
-    from raytpu_lab.spmd import _HostProcess
+    from raytpu_lab.reservations.spmd import _HostProcess
 
     def boom() -> None:
         raise ValueError("bad shard")
@@ -73,9 +73,9 @@ def test_jax_on_a_reservation_refuses_a_different_shape(ip, monkeypatch, extra, 
     from raytpu_lab.tpu.topology import SliceShape
 
     held = SimpleNamespace(name="r1", shape=SliceShape.of("v4", "2x2x2"), slice_names=["s0"])
-    monkeypatch.setattr(Lab, "reservations", lambda self: [held])
+    monkeypatch.setitem(ip.session.reservation_service.held, "r1", held)
     launched: list[str] = []
-    monkeypatch.setattr(Lab, "start_jax", lambda self, *a, **kw: launched.append(a[1]))
+    monkeypatch.setattr(ip.session, "start_jax", lambda *a, **kw: launched.append(a[1]))
     with capture_output() as out:
         ip.run_cell(f"%%raytpu jax --reservation r1 {extra}\ndef f(config):\n    pass\n",
                     store_history=False)

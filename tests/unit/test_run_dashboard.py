@@ -287,7 +287,7 @@ def test_closed_maps_and_dashboards_are_collected_and_the_refresher_ends() -> No
     import gc
     import weakref
 
-    from raytpu_lab.refresher import Refresher
+    from raytpu_lab.session.refresher import Refresher
     from raytpu_lab.state.model import ClusterSnapshot
     from raytpu_lab.widgets.topology_map import TopologyMap
 

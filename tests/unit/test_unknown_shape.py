@@ -66,7 +66,7 @@ def test_unknown_shape_is_a_grid_of_whole_host_blocks(hosts: int, cph: int,
 
 
 def test_reservations_never_take_an_unknown_shape_slice() -> None:
-    from raytpu_lab.reserve import diagnose
+    from raytpu_lab.reservations.slices import diagnose
     from raytpu_lab.state import build_snapshot
 
     # An idle host labelled v6e-16 whose topology no table has: a v6e 4x4 request must not get it.

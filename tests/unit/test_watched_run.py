@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from raytpu_lab.errors import NoSliceAvailableError
-from raytpu_lab.magics import WatchedRun, _Brief
+from raytpu_lab.magics import WatchedRun
+from raytpu_lab.magics.brief import Brief as _Brief
 
 
 class _Display:

@@ -186,4 +186,4 @@ def test_connect_kuberay_plans_from_the_standin(lab: Lab, tmp_path: Path,
             assert snap.slice(f"{V6E_GROUP}-0").state == "free"
             assert snap.idle_slices("v6e-4") == [snap.slice(f"{V6E_GROUP}-0")]
         finally:
-            lab._drop_kuberay()
+            lab.kube.drop()

@@ -34,8 +34,9 @@ from typing import Any
 from ray.util.placement_group import placement_group
 
 from raytpu_lab.errors import ReservationError
-from raytpu_lab.reserve import Reservation, _remove_quietly, reserve_slices
-from raytpu_lab.state.model import LABEL_SLICE, LABEL_WORKER, ClusterSnapshot
+from raytpu_lab.reservations.slices import Reservation, _remove_quietly, reserve_slices
+from raytpu_lab.state.snapshot import ClusterSnapshot
+from raytpu_lab.tpu.labels import LABEL_SLICE, LABEL_WORKER
 
 __all__ = ["SliceLoan", "FENCE_PREFIX"]
 

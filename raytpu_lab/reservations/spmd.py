@@ -41,9 +41,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raytpu_lab import _ray_private
 from raytpu_lab.errors import RemoteHostError, ReservationError
-from raytpu_lab.reserve import Reservation
+from raytpu_lab.reservations.info import HostSlot, host_order
+from raytpu_lab.reservations.slices import Reservation
 from raytpu_lab.state.fetch import fetch_raw_state
-from raytpu_lab.state.reservations import HostSlot, host_order
 
 __all__ = ["SliceSession", "CellResult", "HostOutput", "check_cell"]
 

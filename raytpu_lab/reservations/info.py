@@ -2,7 +2,7 @@
 
 A reservation ``<name>`` is the placement group named ``"raytpu:<name>"`` (one bundle per host of
 its slices) plus one head lock per slice named ``"raytpu:<name>:head:<slice>"`` (see
-:mod:`raytpu_lab.reserve`). Any driver can read them from the placement-group table, so a kernel
+:mod:`raytpu_lab.reservations.slices`). Any driver can read them from the placement-group table, so a kernel
 lists, attaches and releases reservations another kernel made. No Ray, no I/O: input is the raw
 state of :func:`raytpu_lab.state.fetch.fetch_raw_state` (plus, optionally, lifetimes from
 :func:`~raytpu_lab.state.fetch.fetch_placement_group_lifetimes`).
@@ -14,12 +14,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from raytpu_lab.state.model import LABEL_POD_TYPE, LABEL_SLICE, LABEL_TOPOLOGY, LABEL_WORKER
+from raytpu_lab.tpu.labels import (
+    LABEL_POD_TYPE,
+    LABEL_SLICE,
+    LABEL_TOPOLOGY,
+    LABEL_WORKER,
+    RESERVATION_PREFIX,
+)
 
 __all__ = ["HEAD_LOCK_INFIX", "ReservationInfo", "HostSlot", "list_reservations", "host_order",
            "reservation_group_name", "head_lock_name"]
 
-_PREFIX = "raytpu:"
+_PREFIX = RESERVATION_PREFIX
 HEAD_LOCK_INFIX = ":head:"
 """Head locks are named ``raytpu:<name>:head:<slice>``."""
 

@@ -24,17 +24,11 @@ from typing import Any
 from raytpu_lab.cluster import emulator
 from raytpu_lab.cluster.emulator import HostGroup
 from raytpu_lab.errors import ManifestError
-from raytpu_lab.kuberay import RayClusterPlan, check_manifest, load_manifest
+from raytpu_lab.kuberay import RayClusterPlan, check_manifest
+from raytpu_lab.kuberay.files import read_manifest
 from raytpu_lab.kuberay.groups import TpuWorkerGroup, parse_quantity
 
-__all__ = ["host_groups", "up_from_manifest", "read_manifest"]
-
-
-def read_manifest(manifest: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-    """``(manifest dict, source name)`` from a file path or a dict."""
-    if isinstance(manifest, Mapping):
-        return dict(manifest), "manifest"
-    return load_manifest(manifest), str(manifest)
+__all__ = ["host_groups", "up_from_manifest"]
 
 
 def _start_param_resources(text: str | None, where: str) -> dict[str, float]:

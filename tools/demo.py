@@ -1,6 +1,6 @@
 """Run the quickstart notebook headless on the emulated TPU cluster and report what it measured.
 
-``python -m raytpu_lab.demo`` (what ``make demo`` runs) executes ``notebooks/01_quickstart.ipynb``
+``python -m tools.demo`` (what ``make demo`` runs) executes ``notebooks/01_quickstart.ipynb``
 with nbclient, writes ``build/quickstart.ipynb`` (executed) and ``build/quickstart.html`` (static:
 the SVG topology inline, plotly.js once per page for every chart, so it renders offline), always
 stops the emulated cluster the notebook started, and prints as its last line ``RESULT {json}``:
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the notebook, export it, tear down, print ``RESULT {json}``; return the exit status."""
     start = time.monotonic()
     default_nb = REPO_ROOT / "notebooks" / "01_quickstart.ipynb"
-    parser = argparse.ArgumentParser("python -m raytpu_lab.demo", description=main.__doc__)
+    parser = argparse.ArgumentParser("python -m tools.demo", description=main.__doc__)
     parser.add_argument("--notebook", type=Path, default=default_nb, help="notebook to run")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "build", help="output folder")
     parser.add_argument("--timeout", type=float, default=None,

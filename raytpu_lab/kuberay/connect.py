@@ -28,7 +28,7 @@ from raytpu_lab.kuberay.groups import RayClusterPlan, parse_raycluster
 from raytpu_lab.kuberay.pods import planned_slices, pod_problem
 from raytpu_lab.kuberay.portforward import PortForward, kubectl_port_forward_hint
 from raytpu_lab.kuberay.status import Readiness, readiness
-from raytpu_lab.state.model import PlannedSlice
+from raytpu_lab.state.planned import PlannedSlice
 
 __all__ = ["KubeRayTarget", "resolve", "client_port"]
 
@@ -95,6 +95,11 @@ class KubeRayTarget:
                 self.readiness = readiness(obj)
                 self._planned = (now, planned_slices(self.plan, pods))
             return self._planned[1]
+
+    def forget_plan(self) -> None:
+        """Read the RayCluster again on the next :meth:`planned` (after it was scaled)."""
+        with self._lock:
+            self._planned = None
 
     def close(self) -> None:
         """Stop the port-forward, if any."""

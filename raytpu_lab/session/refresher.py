@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable
 from typing import Protocol
 
-from raytpu_lab.state.model import ClusterSnapshot
+from raytpu_lab.state.snapshot import ClusterSnapshot
 
 __all__ = ["Refresher", "View", "DEFAULT_INTERVAL_S"]
 

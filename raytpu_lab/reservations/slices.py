@@ -30,8 +30,9 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.tpu import SlicePlacementGroup, slice_placement_group
 
 from raytpu_lab.errors import NoSliceAvailableError
-from raytpu_lab.state.model import LABEL_SLICE, LABEL_WORKER, RESERVATION_PREFIX, ClusterSnapshot
-from raytpu_lab.state.reservations import ReservationInfo, head_lock_name, reservation_group_name
+from raytpu_lab.reservations.info import ReservationInfo, head_lock_name, reservation_group_name
+from raytpu_lab.state.snapshot import ClusterSnapshot
+from raytpu_lab.tpu.labels import LABEL_SLICE, LABEL_WORKER, RESERVATION_PREFIX
 from raytpu_lab.tpu.topology import SliceShape
 
 __all__ = ["Reservation", "reserve", "reserve_slices", "adopt", "diagnose", "RESERVATION_PREFIX"]
