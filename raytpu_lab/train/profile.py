@@ -304,7 +304,7 @@ class _TorchXlaTrace:
         import torch_xla.debug.profiler as xp
 
         self._xp = xp
-        self._trace_me = torch_xla._XLAC.profiler.TraceMe  # type: ignore[attr-defined]
+        self._trace_me = torch_xla._XLAC.profiler.TraceMe  # type: ignore[attr-defined, unused-ignore]
 
     def listen(self, on_event: Callable[..., None]) -> None:
         pass
