@@ -1,4 +1,15 @@
-"""IPython input transformers of the ``%%raytpu`` cells (see each function for why)."""
+"""IPython input transformers of the ``%%raytpu`` cells.
+
+Why they exist: a cell magic is a plain function call, so a blocking ``%%raytpu jax`` cell would
+hold the kernel's event loop for the whole run and the dashboard's Stop button (a widget message)
+would only arrive after the run ended. Rewritten as ``await get_ipython().run_cell_magic(...)``
+(with the hidden ``--await`` flag, so the magic returns a coroutine), the cell runs under
+IPython's autoawait and the kernel keeps serving widget messages while it waits. This uses
+IPython's ``_asyncio_runner`` (private) to tell that autoawait runs on asyncio; with any other
+runner the cell is left as written and blocks, and Ctrl-C still stops the run. The second
+transformer lets ``%%raytpu run --help`` (an empty cell body, which IPython refuses) show its help.
+Tested in tests/unit/test_awaited_cells.py.
+"""
 
 from __future__ import annotations
 
