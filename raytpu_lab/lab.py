@@ -23,6 +23,7 @@ from raytpu_lab.cluster import emulator
 from raytpu_lab.reservations.service import ReservationService
 from raytpu_lab.reservations.slices import Reservation
 from raytpu_lab.reservations.spmd import CellResult, SliceSession
+from raytpu_lab.session._forward import forwarded as _forwarded
 from raytpu_lab.session.connection import Connection
 from raytpu_lab.session.hosts import HostSessions
 from raytpu_lab.session.kuberay_control import KubeRayControl
@@ -39,12 +40,6 @@ if TYPE_CHECKING:
     from raytpu_lab.widgets.topology_map import TopologyMap
 
 __all__ = ["Lab", "Session", "get_lab", "use_session"]
-
-
-def _forwarded(service: str, name: str, doc: str) -> Any:
-    """An attribute of the session that is attribute ``name`` of its service ``service``."""
-    return property(lambda self: getattr(getattr(self, service), name),
-                    lambda self, value: setattr(getattr(self, service), name, value), doc=doc)
 
 
 class Session(TrainingMethods):

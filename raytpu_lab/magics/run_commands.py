@@ -9,6 +9,7 @@ import asyncio
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -21,6 +22,7 @@ from raytpu_lab.magics.context import CommandContext
 from raytpu_lab.magics.watched_run import WatchedRun
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.run import RunHandle
+from raytpu_lab.train.spec import RunSpec, TrainerKind, validate
 from raytpu_lab.widgets.profile_view import ProfileView
 from raytpu_lab.widgets.run_dashboard import RunDashboard
 from raytpu_lab.widgets.xla_view import XlaMetricsView
@@ -30,23 +32,33 @@ class RunCommands(CommandContext):
     """The training cell subcommands (mixed into :class:`~raytpu_lab.magics.RaytpuMagics`)."""
 
     def _do_jax(self, args: argparse.Namespace, cell: str | None) -> Any:
+        return self._do_training("jax", args, cell)
+
+    def _do_torch(self, args: argparse.Namespace, cell: str | None) -> Any:
+        return self._do_training("torch", args, cell)
+
+    def _do_training(self, kind: TrainerKind, args: argparse.Namespace, cell: str | None) -> Any:
+        """A training cell of any trainer: one RunSpec, checked in steps, started on the run path."""
         if cell is None or not cell.strip():
-            raise UsageError("%%raytpu jax is a cell magic: put the training function in the "
-                             "cell.\n(see %%raytpu jax --help)")
-        lab = self.session
+            raise UsageError(f"%%raytpu {kind} is a cell magic: put the training function in the "
+                             f"cell.\n(see %%raytpu {kind} --help)")
         # Every refusal that needs no cluster comes first, cheapest first: nothing is shown,
         # contacted or started before the whole request is known to be runnable.
         self._shape_from_reservation(args)
-        lab.check_jax(None, args.topology, args.version, slices=args.slices, profile=args.profile)
-        config = self._config(args.config)
-        lab.check_jax(None, args.topology, args.version, slices=args.slices, config=config)
-        fn = self._training_function(cell, args.fn)
-        lab.check_jax(fn, args.topology, args.version, slices=args.slices)
+        options = ({"backend": args.backend, "chips_per_worker": args.chips_per_worker}
+                   if kind == "torch" else {})
+        spec = RunSpec(kind, args.topology, args.version, slices=args.slices,
+                       reservation=args.reservation, profile=args.profile,
+                       storage_path=args.storage, **options)
+        validate(spec)  # the shape, slices, profile window and backend options
+        spec = replace(spec, config=self._config(args.config))
+        validate(spec)
+        fn = self._training_function(cell, args.fn)  # runs the cell
         name = args.name or _run_name(fn)  # one name for the dashboard, Ray Train and storage
-        return self._watch_run(args, name, lambda **kw: lab.start_jax(
-            fn, args.topology, args.version, slices=args.slices, name=name, config=config,
-            storage_path=args.storage, mute_driver_logs=True, reservation=args.reservation,
-            profile=args.profile, **kw))
+        spec = replace(spec, train_fn=fn, name=name)
+        validate(spec)
+        return self._watch_run(args, name, lambda **kw: self.session.runs.start(
+            spec, mute_driver_logs=True, **kw))
 
     def _watch_run(self, args: argparse.Namespace, title: str,
                    start: Callable[..., RunHandle]) -> Any:
@@ -158,26 +170,6 @@ class RunCommands(CommandContext):
         if not args.topology or not args.version:
             raise UsageError(f"raytpu {args.command}: --topology and --version are required (or "
                              "--reservation NAME of this session's reservations)")
-
-    def _do_torch(self, args: argparse.Namespace, cell: str | None) -> Any:
-        if cell is None or not cell.strip():
-            raise UsageError("%%raytpu torch is a cell magic: put the training function in the "
-                             "cell.\n(see %%raytpu torch --help)")
-        lab = self.session
-        self._shape_from_reservation(args)
-        checks = {"slices": args.slices, "backend": args.backend,
-                  "chips_per_worker": args.chips_per_worker}
-        lab.check_torch(None, args.topology, args.version, profile=args.profile, **checks)
-        config = self._config(args.config)
-        lab.check_torch(None, args.topology, args.version, config=config, **checks)
-        fn = self._training_function(cell, args.fn)
-        lab.check_torch(fn, args.topology, args.version, **checks)
-        name = args.name or _run_name(fn)
-        return self._watch_run(args, name, lambda **kw: lab.start_torch(
-            fn, args.topology, args.version, slices=args.slices, name=name, config=config,
-            backend=args.backend, chips_per_worker=args.chips_per_worker,
-            storage_path=args.storage, mute_driver_logs=True, reservation=args.reservation,
-            profile=args.profile, **kw))
 
     def _config(self, text: str | None) -> Any:
         """``--config``: a Python expression evaluated in the user namespace (the user's own code)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import html
 import threading
 import time
@@ -11,7 +10,7 @@ from typing import Any
 
 from raytpu_lab.errors import RaytpuError
 from raytpu_lab.magics.brief import Brief
-from raytpu_lab.train.run import RunHandle
+from raytpu_lab.train.run import RunHandle, wait_for_event
 from raytpu_lab.widgets.run_dashboard import RunDashboard
 
 __all__ = ["WatchedRun"]
@@ -142,12 +141,7 @@ class WatchedRun:
 
     async def wait_async(self) -> Any:
         """:meth:`wait` for an awaited cell; cancelling (a kernel interrupt) stops the run."""
-        try:
-            while not self._launched.is_set():
-                await asyncio.sleep(0.1)
-        except asyncio.CancelledError:
-            await asyncio.get_running_loop().run_in_executor(None, self.stop)
-            raise
+        await wait_for_event(self._launched, on_cancel=self.stop)
         handle = self.handle
         try:
             return await handle.wait_async()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from raytpu_lab.session._forward import forwarded
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.profile_analysis import ProfileReport
 from raytpu_lab.train.result import RunResult
@@ -25,23 +26,11 @@ class TrainingMethods:
 
     runs: Runs
 
-    @property
-    def last_run(self) -> RunResult | None:
-        """The most recent training run's result."""
-        return self.runs.last_run
-
-    @last_run.setter
-    def last_run(self, value: RunResult | None) -> None:
-        self.runs.last_run = value
-
-    @property
-    def last_profile(self) -> ProfileReport | None:
-        """The analysis of the most recent profiled run (``train_jax(profile=...)``)."""
-        return self.runs.last_profile
-
-    @last_profile.setter
-    def last_profile(self, value: ProfileReport | None) -> None:
-        self.runs.last_profile = value
+    last_run: RunResult | None = forwarded("runs", "last_run",
+                                           "The most recent training run's result.")
+    last_profile: ProfileReport | None = forwarded(
+        "runs", "last_profile",
+        "The analysis of the most recent profiled run (``train_jax(profile=...)``).")
 
     def train_jax(self, train_fn: Callable[..., Any], topology: str, version: str, *,
                   slices: int = 1, name: str | None = None, config: dict[str, Any] | None = None,

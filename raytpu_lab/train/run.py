@@ -33,7 +33,7 @@ from raytpu_lab.state.fetch import fetch_placement_group_states
 from raytpu_lab.train.protocols import LogBatch, RunEvent
 from raytpu_lab.train.result import RunResult, RunUpdate
 
-__all__ = ["RunHandle", "RunListener", "RunUpdate", "STOP_TIMEOUT_S"]
+__all__ = ["RunHandle", "RunListener", "RunUpdate", "STOP_TIMEOUT_S", "wait_for_event"]
 
 STOP_TIMEOUT_S = 10.0
 _ABORT_GRACE_S = 4.0
@@ -207,12 +207,7 @@ class RunHandle:
 
     async def wait_async(self) -> RunResult:
         """:meth:`wait` for an event loop (an async notebook cell); cancelling stops the run."""
-        try:
-            while not self._done.is_set():
-                await asyncio.sleep(0.1)
-        except asyncio.CancelledError:
-            await asyncio.get_running_loop().run_in_executor(None, self.stop)
-            raise
+        await wait_for_event(self._done, on_cancel=self.stop)
         return self._outcome()
 
     def __repr__(self) -> str:
@@ -379,6 +374,19 @@ def _live(pg_ids: list[str]) -> list[str]:
     except Exception:
         return []
     return [pg for pg in pg_ids if pg in table and table[pg]["state"] not in ("", "REMOVED")]
+
+
+async def wait_for_event(event: threading.Event, *, on_cancel: Callable[[], Any],
+                         poll_s: float = 0.1) -> None:
+    """Await ``event`` without blocking the event loop (polled every ``poll_s`` seconds); when the
+    await is cancelled (a kernel interrupt of an awaited cell), run ``on_cancel`` (e.g. stop the
+    run, which may block) in a worker thread, then re-raise ``CancelledError``."""
+    try:
+        while not event.is_set():
+            await asyncio.sleep(poll_s)
+    except asyncio.CancelledError:
+        await asyncio.get_running_loop().run_in_executor(None, on_cancel)
+        raise
 
 
 @contextlib.contextmanager

@@ -75,7 +75,7 @@ def test_jax_on_a_reservation_refuses_a_different_shape(ip, monkeypatch, extra, 
     held = SimpleNamespace(name="r1", shape=SliceShape.of("v4", "2x2x2"), slice_names=["s0"])
     monkeypatch.setitem(ip.session.reservation_service.held, "r1", held)
     launched: list[str] = []
-    monkeypatch.setattr(ip.session, "start_jax", lambda *a, **kw: launched.append(a[1]))
+    monkeypatch.setattr(ip.session.runs, "start", lambda spec, **kw: launched.append(spec.topology))
     with capture_output() as out:
         ip.run_cell(f"%%raytpu jax --reservation r1 {extra}\ndef f(config):\n    pass\n",
                     store_history=False)
