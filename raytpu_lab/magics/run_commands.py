@@ -8,7 +8,8 @@ import ast
 import asyncio
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -93,27 +94,28 @@ class RunCommands(CommandContext):
         run = WatchedRun(handle, dashboard, shown[0] if shown else None)
         if args.await_:
             return self._finish_async(args, run)
-        try:
+        with self._run_ending(args, run):
             result = run.wait()
-        except KeyboardInterrupt:
-            self._shell.user_ns[args.out] = run.result  # what it did before the interrupt
-            raise Brief(f"raytpu {args.command}: interrupted; run {handle.name!r} was stopped "
-                         "and its slices freed.") from None
-        except TrainingError as err:
-            raise self._failed(args, run, err) from None
         self._report(args, result)
         return None
 
     async def _finish_async(self, args: argparse.Namespace, run: WatchedRun) -> None:
-        try:
+        with self._run_ending(args, run):
             result = await run.wait_async()
-        except asyncio.CancelledError:
+        self._report(args, result)
+
+    @contextmanager
+    def _run_ending(self, args: argparse.Namespace, run: WatchedRun) -> Iterator[None]:
+        """How a blocking or awaited cell's wait for its run ends when it does not return: an
+        interrupt (Ctrl-C, or a cancelled await) stopped the run; a worker error fails the cell."""
+        try:
+            yield
+        except (KeyboardInterrupt, asyncio.CancelledError):
             self._shell.user_ns[args.out] = run.result  # what it did before the interrupt
             raise Brief(f"raytpu {args.command}: interrupted; run {run.handle.name!r} was "
-                         "stopped and its slices freed.") from None
+                        "stopped and its slices freed.") from None
         except TrainingError as err:
             raise self._failed(args, run, err) from None
-        self._report(args, result)
 
     def _failed(self, args: argparse.Namespace, run: WatchedRun,
                 err: TrainingError) -> TrainingError:

@@ -218,10 +218,9 @@ function render({ model, el }) {
     }
   }
   const onTraits = () => { paintBar(); schedule(); };
-  model.on("msg:custom", onMsg);
-  model.on("change:metrics", onTraits);
-  model.on("change:key", onTraits);
-  model.on("change:title", onTraits);
+  const listeners = [["msg:custom", onMsg], ["change:metrics", onTraits],
+                     ["change:key", onTraits], ["change:title", onTraits]];
+  for (const [event, handler] of listeners) model.on(event, handler);
   select.addEventListener("change", onSelect);
   paintBar();
   draw();
@@ -229,10 +228,7 @@ function render({ model, el }) {
 
   return () => {
     if (timer !== null) clearTimeout(timer);
-    model.off("msg:custom", onMsg);
-    model.off("change:metrics", onTraits);
-    model.off("change:key", onTraits);
-    model.off("change:title", onTraits);
+    for (const [event, handler] of listeners) model.off(event, handler);
     root.remove();
   };
 }
