@@ -72,7 +72,7 @@ def main() -> None:
         ray.shutdown()  # before the cluster goes: a connected driver would outwait its GCS
         subprocess.run([*cli, "down", "--name", cluster.name])
     time.sleep(2.0)
-    from raytpu_lab.cluster import _nodes
+    from raytpu_lab.cluster import _process_groups
 
     left = 0
     for proc in psutil.process_iter(["cmdline", "status"]):
@@ -82,7 +82,7 @@ def main() -> None:
             # By command line, or by the cluster's marker in the environment (Ray's agents and
             # workers rename themselves, e.g. ray::DashboardAgent)
             if f"{folder}/" in " ".join(proc.info["cmdline"] or []) \
-                    or _nodes.in_cluster(proc.pid, str(folder)):
+                    or _process_groups.in_cluster(proc.pid, str(folder)):
                 left += 1
         except psutil.Error:
             continue

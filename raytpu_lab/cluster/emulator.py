@@ -10,7 +10,8 @@ emulated host runs on CPU with one XLA device per chip.
 Isolation: every cluster has its own Ray temp dir (``<state root>/<name>/ray``) and explicit
 addresses; nothing reads Ray's "current cluster" file, so a test cluster and the demo cluster on one
 machine never cross. A small JSON file in the same folder records the address and process ids so
-that another process can find or stop the cluster.
+that another process can find or stop the cluster (:mod:`raytpu_lab.cluster.emulator_state`; its
+public names are importable from here too). This module starts one: :func:`up`.
 """
 
 from __future__ import annotations
@@ -20,20 +21,25 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
 from raytpu_lab import _ray_private
-from raytpu_lab.cluster import _nodes
-from raytpu_lab.cluster._nodes import AUTH_ENV
+from raytpu_lab.cluster import _addresses, _node_environment, _nodes, _priority, _process_groups
+from raytpu_lab.cluster._node_environment import AUTH_ENV
+from raytpu_lab.cluster.emulator_state import (
+    DEFAULT_NAME,
+    EmulatedCluster,
+    EmulatedHost,
+    down_in_background,
+    find,
+    running,
+    state_root,
+)
 from raytpu_lab.cluster.gke_env import (
     EMULATED_LABEL,
     container_environment,
@@ -55,7 +61,6 @@ __all__ = [
     "DEFAULT_NAME", "AUTH_ENV", "down_in_background",
 ]
 
-DEFAULT_NAME = "raytpu"
 _HEAD_NUM_CPUS = 2
 _HOST_NUM_CPUS = 4
 HOST_MEMORY_BYTES = 100 * 1024 * 1024
@@ -66,35 +71,6 @@ _HEAD_MEMORY_BYTES = 800 * 1024 * 1024
 HOSTS_PER_CORE = 40
 """Emulated hosts per CPU core ``up`` accepts: their idle daemons poll, and at 64 hosts on 2 cores
 (a v6e 16x16) a machine stays usable (see ``benchmarks/emulator.py``)."""
-
-
-def state_root() -> Path:
-    """Folder holding one sub-folder per emulated cluster (``$RAYTPU_EMULATOR_ROOT`` or ``/tmp/raytpu``).
-
-    Kept short on purpose: Ray puts Unix sockets under it and socket paths are limited to 107 bytes.
-    """
-    return Path(os.environ.get("RAYTPU_EMULATOR_ROOT", Path(tempfile.gettempdir()) / "raytpu"))
-
-
-@dataclass(frozen=True)
-class EmulatedHost:
-    """One emulated TPU host (one Ray node).
-
-    Attributes:
-        slice_name: ``TPU_NAME`` of its slice, e.g. ``"tpu-v6e-4x4-0"``.
-        worker_id: ``TPU_WORKER_ID`` within the slice.
-        spec: ``"<version>:<topology>"`` of its slice.
-        pid: Process-group id of its Ray daemons (raylet and agents).
-        group: Its worker group's name (``RAY_NODE_TYPE_NAME``).
-        ip: Its own address (``--node-ip-address``), a loopback address ``127.K.x.y``.
-    """
-
-    slice_name: str
-    worker_id: int
-    spec: str
-    pid: int
-    group: str = ""
-    ip: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -122,131 +98,6 @@ class HostGroup:
     memory_bytes: int | None = None
     resources: Mapping[str, float] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class EmulatedCluster:
-    """A running emulated cluster. Create it with :func:`up`; find a running one with :func:`find`.
-
-    Attributes:
-        name: Cluster name (``RAY_CLUSTER_NAME`` on every host).
-        address: GCS address of the head, ``"127.0.0.1:<port>"``; pass it to ``ray.init``.
-        dashboard_url: The Ray dashboard, ``"http://127.0.0.1:<port>"``.
-        specs: ``[(spec, slices)]`` it was started with, e.g. ``[("v6e:4x4", 2)]``.
-        head_pid: Process-group id of the head's Ray daemons (GCS, dashboard, raylet, agents).
-        hosts: One entry per TPU host.
-        namespace: The Kubernetes namespace its hosts' environment names (``RAY_CLUSTER_NAMESPACE``).
-        client_port: The head's Ray Client server port (``ray://127.0.0.1:<port>``), or 0.
-        agents_pid: Process-group id of the hosts' agent fork server and the agents it forked
-            (``_agent_forkserver.py``), or 0.
-    """
-
-    name: str
-    address: str
-    dashboard_url: str
-    specs: list[tuple[str, int]]
-    head_pid: int
-    hosts: list[EmulatedHost] = field(default_factory=list)
-    namespace: str = "default"
-    client_port: int = 0
-    agents_pid: int = 0
-
-    @property
-    def folder(self) -> Path:
-        """This cluster's folder: state file, Ray temp dir and node logs."""
-        return state_root() / self.name
-
-    @property
-    def expected_hosts(self) -> dict[str, int]:
-        """``{slice name: number of hosts}`` the cluster was started with."""
-        counts: dict[str, int] = {}
-        for host in self.hosts:
-            counts[host.slice_name] = counts.get(host.slice_name, 0) + 1
-        return counts
-
-    def holds(self, specs: Sequence[tuple[str, int]]) -> bool:
-        """Whether it was started with at least these slices: ``[(spec, slices)]``, e.g.
-        ``[("v6e:4x4", 2)]``; specs are compared by shape, so ``"v5e:2x2"`` matches
-        ``"v5litepod:2x2"``.
-
-        Raises:
-            InvalidTopologyError: A spec is not valid for its generation.
-        """
-        def count(pairs: Sequence[tuple[str, int]]) -> Counter[SliceShape]:
-            counts: Counter[SliceShape] = Counter()
-            for spec, n in pairs:
-                counts[parse_spec(spec)] += int(n)
-            return counts
-
-        have, want = count(self.specs), count(specs)
-        return all(have[shape] >= n for shape, n in want.items())
-
-    def is_running(self) -> bool:
-        """Whether the head's processes are still alive."""
-        return _nodes.group_alive(self.head_pid)
-
-    def down(self, timeout_s: float = 5.0) -> None:
-        """Stop every process of this cluster and remove its folder.
-
-        SIGTERM to every node's process group, SIGKILL to whatever is left after ``timeout_s``
-        seconds, then a sweep for any process of this cluster that left its group (Ray workers,
-        job drivers). Idempotent.
-        """
-        pgids = [h.pid for h in self.hosts] + [self.head_pid, self.agents_pid]
-        for pgid in pgids:
-            _nodes.signal_group(pgid, signal.SIGTERM)
-        _nodes.wait_groups_gone(pgids, timeout_s)
-        for pgid in pgids:
-            _nodes.signal_group(pgid, signal.SIGKILL)
-        _nodes.kill_strays(str(self.folder))
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> EmulatedCluster:
-        data = json.loads(text)
-        data["hosts"] = [EmulatedHost(**h) for h in data["hosts"]]
-        data.setdefault("namespace", "default")
-        data["specs"] = [tuple(s) for s in data["specs"]]
-        return cls(**data)
-
-
-def find(name: str = DEFAULT_NAME) -> EmulatedCluster | None:
-    """The running emulated cluster called ``name``, or ``None``.
-
-    A state file whose head process is gone is stale: its leftovers are cleaned and ``None`` returned.
-    """
-    state_file = state_root() / name / "cluster.json"
-    try:
-        cluster = EmulatedCluster.from_json(state_file.read_text())
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-    if cluster.is_running():
-        return cluster
-    cluster.down(timeout_s=2.0)
-    return None
-
-
-def down_in_background(cluster: EmulatedCluster) -> None:
-    """Stop ``cluster`` from a new process of its own session (:meth:`EmulatedCluster.down`), so
-    the stop completes even if the caller is killed a moment later (a kernel at exit)."""
-    code = ("import sys; from raytpu_lab.cluster import emulator\n"
-            "c = emulator.find(sys.argv[1])\n"
-            "c is not None and c.head_pid == int(sys.argv[2]) and c.down()\n")
-    subprocess.Popen([sys.executable, "-c", code, cluster.name, str(cluster.head_pid)],
-                     env={**os.environ, "RAYTPU_EMULATOR_ROOT": str(state_root())}, stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def running() -> list[EmulatedCluster]:
-    """Every emulated cluster running on this machine (under :func:`state_root`)."""
-    root = state_root()
-    if not root.exists():
-        return []
-    found = (find(p.name) for p in sorted(root.iterdir()) if p.is_dir())
-    return [c for c in found if c is not None]
 
 
 def up(
@@ -313,11 +164,11 @@ def up(
     # for worker nodes or drivers given an explicit address; say it everywhere (see AUTH_ENV).
     _ray_private.ensure_auth_token()
     (folder / "logs").mkdir(parents=True)
-    prefix = _nodes.loopback_prefix()
+    prefix = _addresses.loopback_prefix()
     head_ports: dict[str, int] = {}
 
     def head_port_flags() -> list[str]:
-        gcs, dash, client = _nodes.free_ports(3)
+        gcs, dash, client = _addresses.free_ports(3)
         head_ports.update(gcs=gcs, dashboard=dash, client=client)
         return [f"--port={gcs}", f"--dashboard-port={dash}", f"--ray-client-server-port={client}"]
 
@@ -326,7 +177,7 @@ def up(
     nodes: list[_nodes.NodeSpec] = []
     run = _nodes.launcher(folder)
     # Started first: it imports the agents' modules while the head starts.
-    agents_pgid = _nodes.start_agent_forkserver(folder)
+    agents_pgid = _node_environment.start_agent_forkserver(folder)
     try:
         head.args = ["--head", f"--num-cpus={_HEAD_NUM_CPUS}", "--include-dashboard=true",
                      "--dashboard-host=127.0.0.1", f"--temp-dir={folder / 'ray'}"]
@@ -343,15 +194,15 @@ def up(
         gcs_port = head_ports["gcs"]
         address = f"127.0.0.1:{gcs_port}"
         # Hosts' agents are forked from the server once it listens (else started as Ray does).
-        forked_agents = _nodes.agent_forkserver_ready(
+        forked_agents = _node_environment.agent_forkserver_ready(
             folder, agents_pgid, min(60.0, max(0.0, deadline - time.monotonic())))
         for group in host_groups:
             shape = group.shape
             first = _replica_indices(shapes, shape, group.replicas) if groups is None else \
                 range(group.replicas)
             for replica in first:
-                slice_ips = [_nodes.host_ip(prefix, len(nodes) + w) for w in range(shape.num_hosts)]
-                coordinator_port = _nodes.free_ports(1, "0.0.0.0")[0]  # free on every address
+                slice_ips = [_addresses.host_ip(prefix, len(nodes) + w) for w in range(shape.num_hosts)]
+                coordinator_port = _addresses.free_ports(1, "0.0.0.0")[0]  # free on every address
                 for worker_id in range(shape.num_hosts):
                     env = os.environ.copy()
                     env.update(_manifest_env(group, cluster=name, namespace=namespace,
@@ -363,9 +214,9 @@ def up(
                         group=group.name))
                     env.update(emulated_jax_environment(shape))
                     env.update(emulated_torch_xla_environment())
-                    env.update(_nodes.AGENT_PIPE_ENV)
+                    env.update(_node_environment.AGENT_PIPE_ENV)
                     if forked_agents:
-                        env[_nodes.FORKSERVER_ENV] = str(_nodes.forkserver_socket(folder))
+                        env[_node_environment.FORKSERVER_ENV] = str(_node_environment.forkserver_socket(folder))
                     env.update(emulated_slice_environment(
                         shape, coordinator=f"{slice_ips[0]}:{coordinator_port}",
                         host_ips=slice_ips))
@@ -396,15 +247,15 @@ def up(
                         spec=f"{shape.version}:{shape.topology}", pid=0, group=group.name,
                         ip=slice_ips[worker_id]))
         _nodes.start_hosts(run, folder, head, nodes, deadline, progress)
-        _nodes.normal_priority(head)
+        _priority.normal_priority(head)
         hosts = [dataclasses.replace(h, pid=n.pgid) for h, n in zip(hosts, nodes, strict=True)]
         run.close()
     except BaseException as err:
         pgids = [n.pgid for n in nodes] + [head.pgid, agents_pgid]
         for pgid in pgids:
-            _nodes.signal_group(pgid, signal.SIGKILL)
+            _process_groups.signal_group(pgid, signal.SIGKILL)
         run.close()
-        _nodes.kill_strays(str(folder))
+        _process_groups.kill_strays(str(folder))
         kept = _keep_raylet_logs(folder)
         shutil.rmtree(folder, ignore_errors=True)
         if isinstance(err, EmulatorError) and kept:
@@ -486,8 +337,6 @@ def _keep_raylet_logs(folder: Path) -> Path | None:
 
 
 _SITE_DIR = str(Path(__file__).with_name("_site"))
-_FOLDER_ENV = _nodes.FOLDER_ENV
-_kill_strays = _nodes.kill_strays
 
 
 def _replica_indices(shapes: list[tuple[SliceShape, int]], shape: SliceShape, count: int) -> range:

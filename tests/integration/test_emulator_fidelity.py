@@ -22,7 +22,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raytpu_lab import _ray_private
-from raytpu_lab.cluster import _nodes, emulator
+from raytpu_lab.cluster import _process_groups, emulator
 from raytpu_lab.errors import EmulatorError
 
 NAME = "rt-fid"
@@ -36,7 +36,7 @@ def _leftovers(folder: Path) -> list[str]:
             if proc.pid == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             cmd = " ".join(proc.info["cmdline"] or [])
-            if f"{folder}/" in cmd or _nodes.in_cluster(proc.pid, str(folder)):
+            if f"{folder}/" in cmd or _process_groups.in_cluster(proc.pid, str(folder)):
                 left.append(f"{proc.pid}: {cmd[:120]}")
         except psutil.Error:
             continue

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from raytpu_lab.cluster._nodes import free_ports
+from raytpu_lab.cluster._addresses import free_ports
 
 _SITE = str(Path(__file__).resolve().parents[2] / "raytpu_lab" / "cluster" / "_site")
 

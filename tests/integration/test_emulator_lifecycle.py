@@ -60,16 +60,16 @@ def test_down_leaves_no_process_and_no_folder(cluster: emulator.EmulatedCluster)
 
 def test_a_started_cluster_runs_at_normal_cpu_priority(cluster: emulator.EmulatedCluster) -> None:
     """Nodes start at raised priority (where allowed); once up, none of them keeps it."""
-    from raytpu_lab.cluster import _nodes
+    from raytpu_lab.cluster import _priority, _process_groups
 
     folder = str(cluster.folder)
     procs = [p for p in psutil.process_iter(["status"])
-             if p.info["status"] != psutil.STATUS_ZOMBIE and _nodes.in_cluster(p.pid, folder)]
+             if p.info["status"] != psutil.STATUS_ZOMBIE and _process_groups.in_cluster(p.pid, folder)]
     assert len(procs) >= 2 * len(cluster.hosts), "every host has a raylet and its agents"
     # Normal is this test process's own priority: CI jobs often run niced.
     own_nice = os.getpriority(os.PRIO_PROCESS, 0)
     # "/autogroup-1 nice 0"; empty or missing where the kernel has no autogroups (CI).
-    own_group = _nodes._own_autogroup_nice()
+    own_group = _priority.own_autogroup_nice()
     raised = {}
     for proc in procs:
         try:

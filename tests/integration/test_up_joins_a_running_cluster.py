@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from raytpu_lab.cluster import emulator
+from raytpu_lab.cluster import _process_groups, emulator
 from raytpu_lab.errors import EmulatorError
 from raytpu_lab.lab import Lab
 
@@ -46,7 +46,7 @@ def test_up_over_a_half_stopped_cluster_starts_a_fresh_one(cluster) -> None:
     stale = emulator.up([("v5litepod:2x2", 1)], name=name, timeout_s=600)
     gcs = [p for p in psutil.process_iter(["cmdline"])
            if "gcs_server" in " ".join(p.info["cmdline"] or [])
-           and emulator._nodes.in_cluster(p.pid, str(stale.folder))]
+           and _process_groups.in_cluster(p.pid, str(stale.folder))]
     assert gcs, "the head has a GCS"
     for proc in gcs:
         proc.kill()

@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from raytpu_lab.cluster import _nodes, emulator
+from raytpu_lab.cluster import _process_groups, emulator
 
 SCRIPT = textwrap.dedent("""
     from raytpu_lab import get_lab
@@ -24,7 +24,7 @@ def _left(folder: str) -> list[int]:
     return [p.pid for p in psutil.process_iter(["cmdline", "status"])
             if p.info["status"] != psutil.STATUS_ZOMBIE
             and (any(folder in part for part in p.info["cmdline"] or [])
-                 or _nodes.in_cluster(p.pid, folder))]
+                 or _process_groups.in_cluster(p.pid, folder))]
 
 
 def test_the_cluster_a_kernel_started_stops_when_it_exits() -> None:

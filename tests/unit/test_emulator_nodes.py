@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from raytpu_lab.cluster import _nodes
+from raytpu_lab.cluster import _addresses, _node_checks, _nodes, _priority
 
 
 @pytest.mark.parametrize(("log", "needle"), [
@@ -18,19 +18,19 @@ from raytpu_lab.cluster import _nodes
     ("OSError: [Errno 98] Address already in use", "port was taken"),
 ])
 def test_likely_cause_names_what_the_logs_show(log: str, needle: str) -> None:
-    assert needle in _nodes.likely_cause(log)
+    assert needle in _node_checks.likely_cause(log)
 
 
 def test_every_host_of_a_pod_gets_its_own_loopback_address() -> None:
-    prefix = _nodes.loopback_prefix()
+    prefix = _addresses.loopback_prefix()
     assert re.fullmatch(r"127\.\d{1,3}\.", prefix) and prefix != "127.0."
-    ips = [_nodes.host_ip(prefix, i) for i in range(4096)]
+    ips = [_addresses.host_ip(prefix, i) for i in range(4096)]
     assert len(set(ips)) == 4096
     assert all(0 < int(ip.rsplit(".", 1)[1]) < 255 for ip in ips)
 
 
 def test_free_ports_bind_on_a_hosts_own_address() -> None:
-    ports = _nodes.free_ports(6, "127.9.0.1")
+    ports = _addresses.free_ports(6, "127.9.0.1")
     assert len(set(ports)) == 6 and all(p > 0 for p in ports)
 
 
@@ -43,13 +43,13 @@ def test_a_starting_node_runs_at_raised_priority_and_is_set_back_once_up() -> No
     from raytpu_lab.cluster import _launcher
 
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True,
-                            preexec_fn=lambda: _launcher._raise_priority(_nodes._START_NICE))
+                            preexec_fn=lambda: _launcher._raise_priority(_priority.START_NICE))
     try:
         raised = os.geteuid() == 0  # lowering nice needs root (CAP_SYS_NICE); else unchanged
-        assert psutil.Process(proc.pid).nice() == (_nodes._START_NICE if raised else 0)
+        assert psutil.Process(proc.pid).nice() == (_priority.START_NICE if raised else 0)
         if raised:
-            assert f"nice {_nodes._START_NICE}" in Path(f"/proc/{proc.pid}/autogroup").read_text()
-        _nodes.normal_priority(_nodes.NodeSpec("x", {}, [], "127.0.0.1", pgid=proc.pid,
+            assert f"nice {_priority.START_NICE}" in Path(f"/proc/{proc.pid}/autogroup").read_text()
+        _priority.normal_priority(_nodes.NodeSpec("x", {}, [], "127.0.0.1", pgid=proc.pid,
                                                raylet_pid=proc.pid))
         assert psutil.Process(proc.pid).nice() == 0
         if raised:

@@ -11,16 +11,16 @@ import subprocess
 import sys
 import time
 
-from raytpu_lab.cluster import emulator
+from raytpu_lab.cluster import _process_groups
 
 
 def test_a_renamed_process_of_the_cluster_is_killed_and_others_are_not(tmp_path) -> None:
     folder = str(tmp_path / "c1")
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
-    ours = subprocess.Popen(sleeper, env={**os.environ, emulator._FOLDER_ENV: folder})
-    other = subprocess.Popen(sleeper, env={**os.environ, emulator._FOLDER_ENV: folder + "-other"})
+    ours = subprocess.Popen(sleeper, env={**os.environ, _process_groups.FOLDER_ENV: folder})
+    other = subprocess.Popen(sleeper, env={**os.environ, _process_groups.FOLDER_ENV: folder + "-other"})
     try:
-        emulator._kill_strays(folder)
+        _process_groups.kill_strays(folder)
         deadline = time.monotonic() + 10
         while ours.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
