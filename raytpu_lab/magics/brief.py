@@ -33,6 +33,7 @@ def brief_errors(args: argparse.Namespace, err: BaseException) -> NoReturn:
     if isinstance(err, InvalidTopologyError):
         err = _in_command_syntax(err, args.command)
     if isinstance(err, RaytpuError):
+        err.respell("cell")  # the one place a cell spells advice: %raytpu release r1, --timeout
         if args.debug:  # RaytpuError renders as a short block; chain it so IPython shows frames
             raise DebugTraceback(f"{type(err).__name__}: {err.what} (traceback above)") from err
         err.__cause__ = err.__context__ = None
