@@ -38,7 +38,7 @@ class Opt:
     Attributes:
         name: Neutral name, e.g. ``"timeout"``, ``"slices"``.
         value: The value to show; ``None`` shows the option alone (``--timeout`` / ``timeout_s=``).
-            An all-capitals string (``"SECONDS"``) is a placeholder, shown unquoted.
+            A placeholder (``"NAME"``) is a string like any other (quoted in Python).
     """
 
     name: str
@@ -103,7 +103,8 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
     "version": ("--version", "version"),
     "all": ("--all", "all"),
     "kuberay": ("--kuberay", "kuberay"),
-    "debug": ("--debug", "debug"),
+    "namespace": ("--namespace", "namespace"),
+    "address": ("", "address"),  # connect --kuberay NAME ADDRESS: positional in a cell
 }
 
 # neutral action -> (cell words, Python call, shell words or None when the shell lacks it)
@@ -123,12 +124,9 @@ _ACTIONS: dict[str, tuple[str, str, str | None]] = {
 }
 
 
-def _placeholder(value: Value) -> bool:
-    return isinstance(value, str) and (value == "..." or (value.isupper() and " " not in value))
-
-
 def _py_value(value: Value) -> str:
-    return str(value) if _placeholder(value) else repr(value)
+    # placeholders stay quoted strings ('NAME'), so the spelled call is valid Python
+    return "..." if value == "..." else repr(value)
 
 
 def _cell_value(value: Value) -> str:
@@ -146,6 +144,8 @@ def _spell_opt(o: Opt, front: Front) -> str:
         return f"{keyword}= (a Python argument; a cell has no option for it)"
     if o.value is None or o.value is True:
         return flag
+    if not flag:
+        return _cell_value(o.value)
     return f"{flag} {_cell_value(o.value)}"
 
 
@@ -158,7 +158,7 @@ def _spell_cmd(c: Cmd, front: Front) -> str:
     if front == "shell":
         if shell is not None:
             return "raytpu " + words.replace(cell, shell, 1)
-        return f"%raytpu {words} (in a notebook)"
+        return f"in a notebook: %raytpu {words}"
     return f"%raytpu {words}"
 
 

@@ -65,16 +65,46 @@ class RaytpuError(Exception):
     def __init__(self, what: Text, why: Text = "", fix: Text = "") -> None:
         self.advice: tuple[Text, Text, Text] = (what, why, fix)
         self.front: Front = "python"
-        self.what, self.why, self.fix = (spell(t) for t in self.advice)
-        super().__init__(self._compose())
+        super().__init__()
+        self.respell("python")
 
     def respell(self, front: Front) -> RaytpuError:
         """Spell this error's advice for ``front`` (in place: ``what``, ``why``, ``fix``,
         ``str(error)``); returns the error itself, so ``raise err.respell("cell")`` works."""
         self.front = front
-        self.what, self.why, self.fix = (spell(t, front) for t in self.advice)
+        self._text = [spell(t, front) for t in self.advice]
         self.args = (self._compose(),)
         return self
+
+    # Assigning a part (``err.fix += " Logs: ..."``) keeps that text, as spelled, in every front.
+    def _set(self, i: int, value: str) -> None:
+        self.advice = tuple(value if j == i else t for j, t in enumerate(self.advice))  # type: ignore[assignment]
+        self._text[i] = value
+        self.args = (self._compose(),)
+
+    @property
+    def what(self) -> str:
+        return self._text[0]
+
+    @what.setter
+    def what(self, value: str) -> None:
+        self._set(0, value)
+
+    @property
+    def why(self) -> str:
+        return self._text[1]
+
+    @why.setter
+    def why(self, value: str) -> None:
+        self._set(1, value)
+
+    @property
+    def fix(self) -> str:
+        return self._text[2]
+
+    @fix.setter
+    def fix(self, value: str) -> None:
+        self._set(2, value)
 
     def spelled(self, front: Front) -> str:
         """The error's block (what, why, what to do) spelled for ``front``; changes nothing."""
