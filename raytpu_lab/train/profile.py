@@ -99,7 +99,7 @@ def parse_profile_window(value: str | tuple[int, int] | ProfileWindow) -> Profil
                 raise ValueError
             start, stop = int(parts[0]), int(parts[1])
         except ValueError:
-            raise TrainingConfigError((opt("profile", repr(value)), " is not START:STOP."), why=why,
+            raise TrainingConfigError((opt("profile", value), " is not START:STOP."), why=why,
                                       fix=fix) from None
     else:
         try:
