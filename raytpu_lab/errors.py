@@ -1,7 +1,9 @@
 """Errors a user can cause, in one family.
 
 Every error carries three parts: what happened, why, and what to do next. Magics print
-``str(error)`` as one short block; the traceback appears only with ``--debug``.
+``str(error)`` as one short block; the traceback appears only with ``--debug``. Advice names
+commands and options neutrally (:mod:`raytpu_lab.advice`); ``str(error)`` spells it for Python,
+a cell and the shell respell it (:meth:`RaytpuError.respell`, :meth:`RaytpuError.spelled`).
 
 ::
 
