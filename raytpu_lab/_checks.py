@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from raytpu_lab.advice import opt
 from raytpu_lab.errors import RaytpuError
 
 __all__ = ["require_positive"]
@@ -16,6 +17,6 @@ def require_positive(option: str, value: float) -> None:
         RaytpuError: ``value`` is 0 or below, nan or infinite (a wait must end).
     """
     if not (value > 0 and math.isfinite(value)):
-        raise RaytpuError(f"--{option} {value} is not allowed.",
-                          why=f"{option} must be a finite number above 0.",
-                          fix=f"Pass a positive --{option}.")
+        raise RaytpuError((opt(option, value), " is not allowed."),
+                          why="It must be a finite number above 0.",
+                          fix=("Pass a positive ", opt(option), "."))

@@ -51,11 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _COMMANDS[args.command](args)
     except InvalidTopologyError as err:
-        print(str(err.in_syntax("--tpu {version}:{topology}") if args.command == "up" else err),
+        shaped = err.in_syntax("--tpu {version}:{topology}") if args.command == "up" else err
+        print(shaped.spelled("shell"),
               file=sys.stderr)
         return 1
     except RaytpuError as err:
-        print(str(err), file=sys.stderr)
+        print(err.spelled("shell"), file=sys.stderr)  # the one place the shell spells advice
         return 1
 
 

@@ -1,7 +1,9 @@
 """Errors a user can cause, in one family.
 
 Every error carries three parts: what happened, why, and what to do next. Magics print
-``str(error)`` as one short block; the traceback appears only with ``--debug``.
+``str(error)`` as one short block; the traceback appears only with ``--debug``. Advice names
+commands and options neutrally (:mod:`raytpu_lab.advice`); ``str(error)`` spells it for Python,
+a cell and the shell respell it (:meth:`RaytpuError.respell`, :meth:`RaytpuError.spelled`).
 
 ::
 
@@ -23,7 +25,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # for annotations only: the errors module imports nothing of the package
+from raytpu_lab.advice import Front, Text, spell
+
+if TYPE_CHECKING:  # for annotations only: the errors module imports only raytpu_lab.advice
     from raytpu_lab.spmd import CellResult, HostOutput
 
 __all__ = [
@@ -45,17 +49,68 @@ __all__ = [
 class RaytpuError(Exception):
     """Base of every error raised by raytpu_lab for something the user can fix.
 
+    Each part is a plain string or neutral advice (:mod:`raytpu_lab.advice`: strings with
+    :class:`~raytpu_lab.advice.Cmd` / :class:`~raytpu_lab.advice.Opt` parts); ``what``, ``why``,
+    ``fix`` and ``str(error)`` are spelled for Python (``lab.release('r1')``, ``timeout_s=``)
+    until a front end calls :meth:`respell` (a cell: ``%raytpu release r1``, ``--timeout``).
+
     Args:
         what: What happened, one sentence.
         why: Why it happened (the fact it rests on), or ``""``.
         fix: What to do next, or ``""``.
+
+    Attributes:
+        advice: The three parts as given (neutral), for :meth:`respell`.
+        front: The front end the text is spelled for.
     """
 
-    def __init__(self, what: str, why: str = "", fix: str = "") -> None:
-        self.what = what
-        self.why = why
-        self.fix = fix
-        super().__init__(self._compose())
+    def __init__(self, what: Text, why: Text = "", fix: Text = "") -> None:
+        self.advice: tuple[Text, Text, Text] = (what, why, fix)
+        self.front: Front = "python"
+        super().__init__()
+        self.respell("python")
+
+    def respell(self, front: Front) -> RaytpuError:
+        """Spell this error's advice for ``front`` (in place: ``what``, ``why``, ``fix``,
+        ``str(error)``); returns the error itself, so ``raise err.respell("cell")`` works."""
+        self.front = front
+        self._text = [spell(t, front) for t in self.advice]
+        self.args = (self._compose(),)
+        return self
+
+    # Assigning a part (``err.fix += " Logs: ..."``) keeps that text, as spelled, in every front.
+    def _set(self, i: int, value: str) -> None:
+        self.advice = tuple(value if j == i else t for j, t in enumerate(self.advice))  # type: ignore[assignment]
+        self._text[i] = value
+        self.args = (self._compose(),)
+
+    @property
+    def what(self) -> str:
+        return self._text[0]
+
+    @what.setter
+    def what(self, value: str) -> None:
+        self._set(0, value)
+
+    @property
+    def why(self) -> str:
+        return self._text[1]
+
+    @why.setter
+    def why(self, value: str) -> None:
+        self._set(1, value)
+
+    @property
+    def fix(self) -> str:
+        return self._text[2]
+
+    @fix.setter
+    def fix(self, value: str) -> None:
+        self._set(2, value)
+
+    def spelled(self, front: Front) -> str:
+        """The error's block (what, why, what to do) spelled for ``front``; changes nothing."""
+        return _compose(*(spell(t, front) for t in self.advice))
 
     def _render_traceback_(self) -> list[str]:
         """What IPython shows for this error instead of a traceback (one short block).
@@ -66,12 +121,16 @@ class RaytpuError(Exception):
         return [f"{type(self).__name__}: {self.what}", *self._compose().splitlines()[1:]]
 
     def _compose(self) -> str:
-        parts = [self.what]
-        if self.why:
-            parts.append(f"Why: {self.why}")
-        if self.fix:
-            parts.append(f"What to do: {self.fix}")
-        return "\n".join(parts)
+        return _compose(self.what, self.why, self.fix)
+
+
+def _compose(what: str, why: str, fix: str) -> str:
+    parts = [what]
+    if why:
+        parts.append(f"Why: {why}")
+    if fix:
+        parts.append(f"What to do: {fix}")
+    return "\n".join(parts)
 
 
 class InvalidTopologyError(RaytpuError, ValueError):
@@ -89,7 +148,7 @@ class InvalidTopologyError(RaytpuError, ValueError):
             ``reserve 4x4 --version v6e``, ``--topology 4x4 --version v6e``).
     """
 
-    def __init__(self, what: str, why: str = "", fix: str = "", *, version: str = "",
+    def __init__(self, what: Text, why: Text = "", fix: Text = "", *, version: str = "",
                  topology: str = "", nearest: list[str] | None = None) -> None:
         self.version = version
         self.topology = topology
@@ -112,7 +171,7 @@ class InvalidTopologyError(RaytpuError, ValueError):
         first, *others = self.nearest
         also = f" (or {', '.join(others)})" if others else ""
         fix = f"Use the nearest valid shape: {form.format(version=self.version, topology=first)}{also}."
-        return InvalidTopologyError(self.what, self.why, fix, version=self.version,
+        return InvalidTopologyError(self.advice[0], self.advice[1], fix, version=self.version,
                                     topology=self.topology, nearest=self.nearest)
 
 
@@ -128,7 +187,7 @@ class ConnectError(RaytpuError):
         timeout_s: How long we waited, in seconds.
     """
 
-    def __init__(self, what: str, why: str = "", fix: str = "", *, address: str = "",
+    def __init__(self, what: Text, why: Text = "", fix: Text = "", *, address: str = "",
                  timeout_s: float = 0.0) -> None:
         self.address = address
         self.timeout_s = timeout_s
@@ -154,7 +213,7 @@ class NoSliceAvailableError(ReservationError):
         reasons: ``{slice name: why it cannot be used}`` for every slice of that pod type.
     """
 
-    def __init__(self, what: str, why: str = "", fix: str = "", *, pod_type: str = "",
+    def __init__(self, what: Text, why: Text = "", fix: Text = "", *, pod_type: str = "",
                  timeout_s: float = 0.0, slices_needed: int = 1, slices_idle: int = 0,
                  reasons: dict[str, str] | None = None) -> None:
         self.pod_type = pod_type
@@ -177,7 +236,7 @@ class TrainingError(RaytpuError):
         worker_error: The remote error text (with the worker's traceback), as Ray Train reported it.
     """
 
-    def __init__(self, what: str, why: str = "", fix: str = "", *, run_name: str = "",
+    def __init__(self, what: Text, why: Text = "", fix: Text = "", *, run_name: str = "",
                  worker_error: str = "") -> None:
         self.run_name = run_name
         self.worker_error = worker_error
@@ -197,7 +256,7 @@ class RemoteHostError(RaytpuError):
             worker id, traceback text in ``.error``), or ``None``.
     """
 
-    def __init__(self, what: str, why: str = "", fix: str = "", *,
+    def __init__(self, what: Text, why: Text = "", fix: Text = "", *,
                  result: CellResult | None = None, host: HostOutput | None = None) -> None:
         self.result = result
         self.host = host
@@ -213,7 +272,7 @@ class ManifestError(RaytpuError, ValueError):
             ``"spec.workerGroupSpecs[0].numOfHosts: 2, but v6e 4x4 with 4 chips per host has 4 hosts"``.
     """
 
-    def __init__(self, what: str, why: str = "", fix: str = "", *, source: str = "",
+    def __init__(self, what: Text, why: Text = "", fix: Text = "", *, source: str = "",
                  problems: list[str] | None = None) -> None:
         self.source = source
         self.problems = list(problems or [])
@@ -232,7 +291,7 @@ class KubernetesError(RaytpuError):
         status: The HTTP status the API server answered, or 0 when none.
     """
 
-    def __init__(self, what: str, why: str = "", fix: str = "", *, kind: str = "api",
+    def __init__(self, what: Text, why: Text = "", fix: Text = "", *, kind: str = "api",
                  status: int = 0) -> None:
         self.kind = kind
         self.status = status

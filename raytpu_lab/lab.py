@@ -125,7 +125,7 @@ class Session(TrainingMethods):
         self.hosts.close()
         self.reservation_service.release_all()
         self.kube.drop()
-        self.feed.stop("disconnected (%raytpu down)")
+        self.feed.stop("disconnected (down)")
         return self.connection.down(named)
 
     # -- state -----------------------------------------------------------------------------

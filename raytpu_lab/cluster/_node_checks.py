@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from raytpu_lab.advice import opt
 from raytpu_lab.errors import EmulatorError
 
 if TYPE_CHECKING:
@@ -94,8 +95,8 @@ def node_error(folder: Path, spec: NodeSpec, what: str, timed_out: bool = False)
         why += f"\nLast lines of its raylet.out:\n{raylet_tail}"
     return EmulatorError(
         f"Emulated node {spec.label} {what}.", why=why,
-        fix="Pass a longer timeout (--timeout SECONDS) or start fewer slices." if timed_out or
-            "busy" in cause else "Fix the cause above and run `up` again.")
+        fix=("Pass a longer timeout (", opt("timeout", "SECONDS"), ") or start fewer slices.")
+            if timed_out or "busy" in cause else "Fix the cause above and run `up` again.")
 
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from raytpu_lab.advice import opt
 from raytpu_lab.cluster._addresses import free_ports
 from raytpu_lab.cluster._launcher import Launcher
 from raytpu_lab.cluster._node_checks import (
@@ -205,7 +206,7 @@ def start_hosts(run: Launcher, folder: Path, head: NodeSpec, nodes: list[NodeSpe
                 f"{', '.join(left[:8])}{' ...' if len(left) > 8 else ''} ({len(done)} of "
                 f"{len(nodes)} hosts were up).",
                 why="None of them failed; they were still starting. " + likely_cause(""),
-                fix="Pass a longer timeout (--timeout SECONDS), or start fewer slices.")
+                fix=("Pass a longer timeout (", opt("timeout", "SECONDS"), "), or start fewer slices."))
 
 
 def _starting_at_once() -> int:

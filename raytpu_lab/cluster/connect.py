@@ -16,6 +16,7 @@ from typing import Any
 
 import ray
 
+from raytpu_lab.advice import cmd, opt
 from raytpu_lab.errors import ConnectError
 
 __all__ = ["connect", "probe", "disconnect", "wait_for_nodes", "split_address"]
@@ -33,14 +34,14 @@ def split_address(address: str) -> tuple[str, int]:
             f"{address!r}: the {rest.split('://')[0]}:// scheme is not a Ray address.",
             why="Ray takes HOST:PORT (the GCS) or ray://HOST:PORT (Ray Client); the dashboard's "
                 "http:// address is for job submission, not for a notebook driver.",
-            fix="For example: %raytpu connect 127.0.0.1:6379", address=address)
+            fix=("For example: ", cmd("connect", "127.0.0.1:6379")), address=address)
     host, _, port = rest.rpartition(":")
     if not host or not port.isdigit():
         raise ConnectError(
             f"{address!r} is not a Ray address.",
             why="A Ray address is HOST:PORT (the GCS, port 6379 on KubeRay) or ray://HOST:PORT "
                 "(Ray Client, port 10001).",
-            fix="For example: %raytpu connect 127.0.0.1:6379", address=address)
+            fix=("For example: ", cmd("connect", "127.0.0.1:6379")), address=address)
     return host, int(port)
 
 
@@ -58,8 +59,9 @@ def probe(address: str, *, timeout_s: float = 15.0) -> None:
     """
     host, port = split_address(address)
     if timeout_s <= 0:
-        raise ConnectError(f"--timeout {timeout_s} is not allowed.", why="It must be above 0 s.",
-                           fix="Pass a positive timeout, e.g. --timeout 15.", address=address)
+        raise ConnectError((opt("timeout", timeout_s), " is not allowed."), why="It must be above 0 s.",
+                           fix=("Pass a positive timeout, e.g. ", opt("timeout", 15), "."),
+                           address=address)
     start = time.monotonic()
     deadline = start + timeout_s
     last_error: OSError | None = None
@@ -82,8 +84,8 @@ def probe(address: str, *, timeout_s: float = 15.0) -> None:
     raise ConnectError(
         f"Nothing answered at {address} within {waited:.0f} s.",
         why=f"TCP connection to {host}:{port} failed ({last_error}).",
-        fix="Check the address (GCS port 6379, Ray Client port 10001), that the cluster is up "
-            "(%raytpu up starts a local emulated one), or port-forward the head service.",
+        fix=("Check the address (GCS port 6379, Ray Client port 10001), that the cluster is up (",
+             cmd("up"), " starts a local emulated one), or port-forward the head service."),
         address=address, timeout_s=timeout_s)
 
 

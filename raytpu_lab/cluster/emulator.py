@@ -29,6 +29,7 @@ from pathlib import Path
 import psutil
 
 from raytpu_lab import _ray_private
+from raytpu_lab.advice import cmd, opt
 from raytpu_lab.cluster import _addresses, _node_environment, _nodes, _priority, _process_groups
 from raytpu_lab.cluster._node_environment import AUTH_ENV
 from raytpu_lab.cluster.emulator_state import (
@@ -146,7 +147,7 @@ def up(
         if count < 1:
             raise EmulatorError(
                 f"Asked for {count} slices of {shape.pod_type}.",
-                fix="Ask for at least 1 slice, e.g. --slices 1.",
+                fix=("Ask for at least 1 slice, e.g. ", opt("slices", 1), "."),
             )
     _check_machine_size(sum(shape.num_hosts * count for shape, count in shapes))
     running = find(name)
@@ -154,8 +155,8 @@ def up(
         raise EmulatorError(
             f"An emulated cluster named {name!r} is already running at {running.address}.",
             why="Only one emulated cluster per name runs at a time.",
-            fix=f"Connect to it (%raytpu connect {running.address}) or stop it first "
-                f"(%raytpu down --name {name}, or raytpu down --name {name} in a shell).",
+            fix=("Connect to it (", cmd("connect", running.address), ") or stop it first (",
+                 cmd("down", name=name), ")."),
         )
     folder = state_root() / name
     _check_socket_room(folder)
@@ -294,8 +295,9 @@ def _check_machine_size(hosts: int) -> None:
             f"{available / 2**30:.1f} GiB free; they need about {need / 2**30:.1f} GiB).",
             why=f"Each host is a real Ray node (~{HOST_MEMORY_BYTES // 2**20} MB, plus the head); "
                 f"at most {HOSTS_PER_CORE} per core, and 80% of free memory, are used.",
-            fix="Emulate fewer or smaller slices (e.g. --tpu v6e:4x4 --slices 2); use a real cluster "
-                "(%raytpu connect) for pod-scale topologies.")
+            fix=("Emulate fewer or smaller slices (e.g. ", opt("tpu", "v6e:4x4"), " ",
+                 opt("slices", 2), "); use a real cluster (", cmd("connect", "ADDRESS"),
+                 ") for pod-scale topologies."))
 
 
 # Ray puts Unix sockets under <node temp dir>/session_<date>_<time>_<usec>_<pid>/sockets/ and

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from raytpu_lab.advice import cmd, opt
 from raytpu_lab.errors import KubernetesError
 
 __all__ = ["KubernetesApiCalls", "RBAC_HINT", "GROUP", "VERSION", "PLURAL"]
@@ -58,7 +59,8 @@ class KubernetesApiCalls:
         return KubernetesError(
             f"Could not {what}: the Kubernetes API server at {self.host} did not answer.",
             why=f"{type(err).__name__} (network, VPN or an expired cluster endpoint).",
-            fix="Check that kubectl get nodes works from this machine, or pick another --context.",
+            fix=("Check that kubectl get nodes works from this machine, or pick another ",
+                 opt("context"), "."),
             kind="unreachable")
 
     def _translate(self, err: ApiException, what: str, *, name: str = "", namespace: str = "",
@@ -91,8 +93,9 @@ class KubernetesApiCalls:
             return KubernetesError(
                 f"Could not {what}: {resource} {name!r} not found in namespace {ns!r}.",
                 why=listed,
-                fix="Check the name and namespace (-n NAMESPACE; kubectl get rayclusters -A), or "
-                    "create it (%raytpu apply FILE).", kind="not-found", status=status)
+                fix=("Check the name and namespace (", opt("namespace", "NAMESPACE"),
+                     "; kubectl get rayclusters -A), or create it (", cmd("apply", "FILE"), ")."),
+                kind="not-found", status=status)
         return KubernetesError(
             f"Could not {what}: the API server answered {status} {err.reason or ''}".rstrip() + ".",
             why=message or "No further detail in the response.",
@@ -102,10 +105,12 @@ class KubernetesApiCalls:
     def _crd_missing(self, what: str) -> KubernetesError:
         return KubernetesError(
             f"Could not {what}: the RayCluster resource (rayclusters.ray.io) is not installed.",
-            why="The API server does not serve ray.io/v1 rayclusters: the KubeRay operator and its "
-                "CRDs are not installed on this cluster (or this is the wrong --context).",
-            fix="Install KubeRay (on GKE: enable the Ray operator add-on, or helm install "
-                "kuberay-operator), or pick the right --context.", kind="crd-missing", status=404)
+            why=("The API server does not serve ray.io/v1 rayclusters: the KubeRay operator and "
+                 "its CRDs are not installed on this cluster (or this is the wrong ",
+                 opt("context"), ")."),
+            fix=("Install KubeRay (on GKE: enable the Ray operator add-on, or helm install "
+                 "kuberay-operator), or pick the right ", opt("context"), "."),
+            kind="crd-missing", status=404)
 
     def _existing_names(self, namespace: str) -> list[str] | None:
         """The RayClusters in ``namespace`` a not-found message names; ``None`` when unknown."""

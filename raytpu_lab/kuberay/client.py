@@ -30,6 +30,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from raytpu_lab.advice import opt
 from raytpu_lab.errors import KubernetesError
 from raytpu_lab.kuberay.api_errors import GROUP, PLURAL, VERSION, KubernetesApiCalls
 from raytpu_lab.kuberay.groups import RayClusterPlan, head_service_name, parse_raycluster
@@ -125,8 +126,9 @@ class KubeRayClient(KubernetesApiCalls):
                 "No kubeconfig found, and this is not a Kubernetes pod.",
                 why=f"Looked for {looked} ($KUBECONFIG, else ~/.kube/config); "
                     "KUBERNETES_SERVICE_HOST is not set.",
-                fix="Get credentials for the GKE cluster (gcloud container clusters get-credentials "
-                    "CLUSTER --location LOCATION), or pass --kubeconfig FILE.",
+                fix=("Get credentials for the GKE cluster (gcloud container clusters "
+                     "get-credentials CLUSTER --location LOCATION), or pass ",
+                     opt("kubeconfig", "FILE"), "."),
                 kind="no-kubeconfig")
         config_file = os.pathsep.join(str(p) for p in paths) if len(paths) > 1 else str(paths[0])
         try:
@@ -145,7 +147,8 @@ class KubeRayClient(KubernetesApiCalls):
                 f"Kubeconfig context {context!r} does not exist." if context else
                 "The kubeconfig has no current context.",
                 why=f"Contexts in {config_file}: {', '.join(names) or 'none'}.",
-                fix="Pass --context with one of those (kubectl config get-contexts lists them).",
+                fix=("Pass ", opt("context"), " with one of those (kubectl config get-contexts lists "
+                     "them)."),
                 kind="context")
         cfg = client.Configuration()
         try:
@@ -172,7 +175,7 @@ class KubeRayClient(KubernetesApiCalls):
             raise KubernetesError(
                 "This pod's Kubernetes service account could not be loaded.",
                 why="KUBERNETES_SERVICE_HOST is set but the token or CA file is missing.",
-                fix="Mount a service account token, or pass --kubeconfig FILE.",
+                fix=("Mount a service account token, or pass ", opt("kubeconfig", "FILE"), "."),
                 kind="no-kubeconfig") from None
         cfg.retries = 1
         try:

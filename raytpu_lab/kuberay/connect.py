@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from raytpu_lab.advice import Text, cmd
 from raytpu_lab.errors import KubernetesError
 from raytpu_lab.kuberay.client import KubeRayClient
 from raytpu_lab.kuberay.groups import RayClusterPlan, parse_raycluster
@@ -158,8 +159,9 @@ def resolve(name: str, *, namespace: str | None = None, context: str | None = No
         target.address = f"ray://{service}.{ns}.svc.cluster.local:{port}"
     else:
         hint = kubectl_port_forward_hint(service, ns, port, client.context)
-        fix = (f"Run `{hint}` in a terminal, then %raytpu connect --kuberay {name} -n {ns} "
-               f"ray://127.0.0.1:{port}")
+        fix: Text = (
+            f"Run `{hint}` in a terminal, then ",
+            cmd("connect-kuberay", name, namespace=ns, address=f"ray://127.0.0.1:{port}"))
         if not port_forward:
             raise KubernetesError(
                 f"RayCluster {name!r} is reachable from this machine only through a port-forward.",

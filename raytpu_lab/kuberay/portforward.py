@@ -17,6 +17,7 @@ import socket
 import threading
 from typing import Any
 
+from raytpu_lab.advice import Text
 from raytpu_lab.errors import KubernetesError
 
 __all__ = ["PortForward", "kubectl_port_forward_hint"]
@@ -62,7 +63,7 @@ class PortForward:
         return portforward(core.connect_get_namespaced_pod_portforward, self.pod,
                            self.namespace, ports=str(self.remote_port))
 
-    def start(self, *, check: bool = True, fix: str = "") -> int:
+    def start(self, *, check: bool = True, fix: Text = "") -> int:
         """Listen locally; with ``check``, open one stream first so failures show now.
 
         Args:

@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 
 from raytpu_lab.errors import InvalidTopologyError, RaytpuError
 
-__all__ = ["Brief", "DebugTraceback", "brief_errors", "with_brief_errors"]
+__all__ = ["Brief", "DebugTraceback", "brief_errors", "in_cell", "with_brief_errors"]
 
 
 class DebugTraceback(Exception):
@@ -27,12 +27,18 @@ class Brief(Exception):
         return str(self).splitlines()
 
 
+def in_cell(err: RaytpuError) -> RaytpuError:
+    """The one place a cell spells an error's advice (``%raytpu release r1``, ``--timeout``);
+    in place, returns ``err``."""
+    return err.respell("cell")
+
 
 def brief_errors(args: argparse.Namespace, err: BaseException) -> NoReturn:
     """Re-raise ``err`` as users should see it: one short block unless ``--debug``."""
     if isinstance(err, InvalidTopologyError):
         err = _in_command_syntax(err, args.command)
     if isinstance(err, RaytpuError):
+        in_cell(err)
         if args.debug:  # RaytpuError renders as a short block; chain it so IPython shows frames
             raise DebugTraceback(f"{type(err).__name__}: {err.what} (traceback above)") from err
         err.__cause__ = err.__context__ = None

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raytpu_lab.errors import RaytpuError
-from raytpu_lab.magics.brief import Brief
+from raytpu_lab.magics.brief import Brief, in_cell
 from raytpu_lab.train.run import RunHandle, wait_for_event
 from raytpu_lab.widgets.run_dashboard import RunDashboard
 
@@ -152,7 +152,7 @@ class WatchedRun:
     def _show_launch_error(self, err: BaseException) -> None:
         """The launch failed: its one error block replaces the dashboard (nothing ran)."""
         if isinstance(err, RaytpuError):
-            text = "\n".join(err._render_traceback_())
+            text = "\n".join(in_cell(err)._render_traceback_())
         else:
             text = f"raytpu: the run could not start: {type(err).__name__}: {err}"
         self._frozen = True

@@ -33,6 +33,7 @@ from typing import Any
 
 from ray.util.placement_group import placement_group
 
+from raytpu_lab.advice import cmd, opt
 from raytpu_lab.errors import ReservationError
 from raytpu_lab.reservations.slices import Reservation, _remove_quietly, reserve_slices
 from raytpu_lab.state.snapshot import ClusterSnapshot
@@ -152,13 +153,13 @@ class SliceLoan:
                 why="Ray Train picks its slice itself (it refuses label_selector with "
                     "use_tpu=True); raytpu_lab fences every other slice's head, so another Ray "
                     "user must have taken the reserved head first.",
-                fix="Check %raytpu status and run again; or run without --reservation.")
+                fix=("Check ", cmd("status"), " and run again; or run without ", opt("reservation"), "."))
         if back is None:
             return ReservationError(
                 f"The run finished, but reservation {res.name!r} could not take back "
                 f"{', '.join(ours)} within 30 s; the reservation is gone.",
                 why="Another driver reserved the slices after the run freed them.",
-                fix="Reserve again (%raytpu reserve ...). The run's result is in last_run.")
+                fix=("Reserve again (", cmd("reserve", "..."), "). The run's result is in last_run."))
         return None
 
     def _remove_fences(self) -> None:

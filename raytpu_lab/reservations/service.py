@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from raytpu_lab._checks import require_positive
+from raytpu_lab.advice import cmd, opt
 from raytpu_lab.errors import ReservationError
 from raytpu_lab.reservations.info import ReservationInfo
 from raytpu_lab.tpu.topology import SliceShape
@@ -31,8 +32,9 @@ def no_reservation_error(name: str, held: list[str]) -> ReservationError:
     """
     return ReservationError(f"No reservation named {name!r} in this session.",
                             why=f"Reservations held: {', '.join(held) or 'none'}.",
-                            fix="Reserve it (%raytpu reserve ...), attach a detached one "
-                                "(%raytpu attach NAME), or list them (%raytpu reservations --all).")
+                            fix=("Reserve it (", cmd("reserve", "..."), "), attach a detached one (",
+                                 cmd("attach", "NAME"), "), or list them (",
+                                 cmd("reservations-all"), ")."))
 
 
 class ReservationService:
@@ -96,11 +98,13 @@ class ReservationService:
         if name is not None and (not name.strip() or any(c.isspace() for c in name)):
             raise ReservationError(f"{name!r} is not a reservation name.",
                                    why="Names are one word: they name placement groups.",
-                                   fix="Use letters, digits, '-' or '_', e.g. --name r1.")
+                                   fix=("Use letters, digits, '-' or '_', e.g. ",
+                                        opt("name", "r1"), "."))
         name = name or self._next_name()
         if name in self.held:
             raise ReservationError(f"A reservation named {name!r} exists already.",
-                                   fix=f"Pick another name, or release it first: %raytpu release {name}")
+                                   fix=("Pick another name, or release it first: ",
+                                        cmd("release", name)))
         res = reserve(shape, self.reader.snapshot, name=name, num_slices=slices,
                       timeout_s=timeout_s, detached=detached, on_wait=on_wait)
         self.held[name] = res
@@ -140,7 +144,7 @@ class ReservationService:
         self.reader.require("attach a reservation")
         if name in self.held:
             raise ReservationError(f"Reservation {name!r} is this session's already.",
-                                   fix="Use it directly, or release it: %raytpu release " + name)
+                                   fix=("Use it directly, or release it: ", cmd("release", name)))
         res = self._adopt_detached(name)
         if res is None:
             infos = self.reader.reservations()
@@ -150,7 +154,7 @@ class ReservationService:
             why = (f"{name!r} has the default lifetime: it belongs to the driver that made it and "
                    "ends with it." if info is not None else f"Reservations on the cluster: {listed}.")
             raise ReservationError(f"No detached reservation named {name!r} on the cluster.",
-                                   why=why, fix="List them with %raytpu reservations --all.")
+                                   why=why, fix=("List them with ", cmd("reservations-all"), "."))
         self.held[name] = res
         return res
 

@@ -29,6 +29,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.tpu import SlicePlacementGroup, slice_placement_group
 
+from raytpu_lab.advice import Text, cmd, opt
 from raytpu_lab.errors import NoSliceAvailableError
 from raytpu_lab.reservations.info import ReservationInfo, head_lock_name, reservation_group_name
 from raytpu_lab.state.snapshot import ClusterSnapshot
@@ -251,7 +252,7 @@ def _remove_quietly(pg: PlacementGroup) -> None:
 
 
 def diagnose(snap: ClusterSnapshot, shape: SliceShape, num_slices: int, *, timeout_s: float,
-             impossible: bool = False, wait_option: str = "--timeout") -> NoSliceAvailableError:
+             impossible: bool = False, wait_option: str = "timeout") -> NoSliceAvailableError:
     """Explain why ``num_slices`` slices of ``shape`` cannot be reserved, slice by slice.
 
     Args:
@@ -260,7 +261,8 @@ def diagnose(snap: ClusterSnapshot, shape: SliceShape, num_slices: int, *, timeo
         num_slices: Slices requested.
         timeout_s: How long was waited (0 when the request could never succeed).
         impossible: The cluster has too few intact slices of that pod type at all.
-        wait_option: The option that sets the wait, named in the advice.
+        wait_option: The option that sets the wait, named in the advice (a neutral name of
+            :data:`raytpu_lab.advice.OPTIONS`: ``"timeout"`` for reserve, ``"wait"`` for a run).
 
     Returns:
         The error to raise (not raised here, so callers can add context).
@@ -283,14 +285,14 @@ def diagnose(snap: ClusterSnapshot, shape: SliceShape, num_slices: int, *, timeo
         what = (f"Cannot reserve {num_slices} slice(s) of {shape.pod_type} ({shape.topology}): the "
                 f"cluster has {sum(1 for s in snap.slices_of(shape.pod_type) if s.health == 'intact')} "
                 f"intact slice(s) of that pod type.")
-        fix = ("Ask for fewer slices, another topology, or start a bigger cluster "
-               f"(%raytpu down, then %raytpu up --tpu {shape.version}:{shape.topology} "
-               f"--slices {num_slices}).")
+        fix: Text = ("Ask for fewer slices, another topology, or start a bigger cluster (",
+                     cmd("down"), ", then ",
+                     cmd("up", tpu=f"{shape.version}:{shape.topology}", slices=num_slices), ").")
     else:
         what = (f"No {num_slices} idle slice(s) of {shape.pod_type} ({shape.topology}) became free "
                 f"within {timeout_s:.0f} s; {idle} intact idle slice(s) now.")
-        fix = ("Release a reservation (%raytpu reservations / release NAME), wait for runs to end, "
-               f"or raise {wait_option}.")
+        fix = ("Release a reservation (", cmd("reservations"), ", ", cmd("release", "NAME"),
+               "), wait for runs to end, or raise ", opt(wait_option), ".")
     return NoSliceAvailableError(
         what, why="Slices of that pod type:\n" + lines, fix=fix, pod_type=shape.pod_type,
         timeout_s=timeout_s, slices_needed=num_slices, slices_idle=idle, reasons=reasons)

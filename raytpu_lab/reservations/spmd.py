@@ -40,6 +40,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raytpu_lab import _ray_private
+from raytpu_lab.advice import cmd
 from raytpu_lab.errors import RemoteHostError, ReservationError
 from raytpu_lab.reservations.info import HostSlot, host_order
 from raytpu_lab.reservations.slices import Reservation
@@ -286,7 +287,7 @@ class SliceSession:
         except ValueError as err:
             raise ReservationError(f"Cannot run on reservation {res.name!r}: {err}.",
                                    why="Every host of the reservation must be up and placed.",
-                                   fix="Check %raytpu status; release and reserve again.") from None
+                                   fix=("Check ", cmd("status"), "; release and reserve again.")) from None
         chips = res.shape.chips_per_host
         cls = ray.remote(_HostProcess)
         self._actors = [
@@ -370,12 +371,12 @@ class SliceSession:
             raise RemoteHostError(
                 f"Could not {doing} the hosts of {self.reservation.name!r} within "
                 f"{self.timeout_s:.0f} s.", why="A host process did not answer in time.",
-                fix="Check %raytpu status; release and reserve again.")
+                fix=("Check ", cmd("status"), "; release and reserve again."))
         try:
             return list(ray.get(refs))
         except ray.exceptions.RayError as err:
             raise RemoteHostError(f"Could not {doing} the hosts of {self.reservation.name!r}.",
-                                  why=str(err), fix="Check %raytpu status; see --debug.") from None
+                                  why=str(err), fix=("Check ", cmd("status"), ".")) from None
 
     def _dispatch(self, submit: Callable[[Any], Any]) -> CellResult:
         self._require_started()

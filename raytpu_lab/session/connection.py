@@ -12,6 +12,7 @@ import ray
 
 from raytpu_lab import _ray_private
 from raytpu_lab._checks import require_positive
+from raytpu_lab.advice import cmd
 from raytpu_lab.cluster import emulator
 from raytpu_lab.cluster.connect import connect, disconnect, probe, wait_for_nodes
 from raytpu_lab.errors import ConnectError, EmulatorError, InvalidTopologyError
@@ -39,12 +40,12 @@ def default_address() -> str:
     if clusters:
         listed = "; ".join(f"{c.name} at {c.address}" for c in clusters)
         raise ConnectError(f"{len(clusters)} emulated clusters run on this machine; which one?",
-                           why=listed, fix="Give its address: %raytpu connect ADDRESS.")
+                           why=listed, fix=("Give its address: ", cmd("connect", "ADDRESS"), "."))
     raise ConnectError("No Ray cluster to connect to: no address given, RAY_ADDRESS is not set "
                        "and no emulated cluster runs on this machine.",
-                       fix="Give the address (%raytpu connect HOST:6379, or ray://HOST:10001), "
-                           "connect to a RayCluster on Kubernetes (%raytpu connect --kuberay "
-                           "NAME), or start an emulated cluster (%raytpu up).")
+                       fix=("Give the address (", cmd("connect", "HOST:6379"), ", or ray://HOST:10001), "
+                            "connect to a RayCluster on Kubernetes (", cmd("connect-kuberay", "NAME"),
+                            "), or start an emulated cluster (", cmd("up"), ")."))
 
 
 def _answers(address: str) -> bool:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raytpu_lab.advice import cmd, opt
 from raytpu_lab.errors import ManifestError, RaytpuError
 
 if TYPE_CHECKING:
@@ -126,8 +127,9 @@ class KubeRayControl:
             KubernetesError: As :meth:`connect`, or no such group.
         """
         if slices < 0:
-            raise RaytpuError(f"--slices {slices} is not allowed.", why="A group has 0 or more slices.",
-                              fix="Pass --slices 0 or more.")
+            raise RaytpuError((opt("slices", slices), " is not allowed."),
+                              why="A group has 0 or more slices.",
+                              fix=("Pass ", opt("slices", 0), " or more."))
         client, name, namespace = self._which(name, namespace, context, kubeconfig, "scale")
         _, notes = client.scale(name, group, slices, namespace)
         if self.target is not None:
@@ -146,7 +148,7 @@ class KubeRayControl:
         if not yes:
             raise RaytpuError(f"Not deleting RayCluster {name!r}: not confirmed.",
                               why="Deleting it stops every pod and frees its TPU slices.",
-                              fix="Confirm with --yes (yes=True in Python).")
+                              fix=("Confirm with ", opt("yes", True), "."))
         client.delete(name, namespace)
         was_target = self.target is not None and self.target.name == name
         if was_target:
@@ -173,8 +175,8 @@ class KubeRayControl:
             if self.target is None:
                 raise RaytpuError(f"Cannot {doing}: which RayCluster?",
                                   why="No RayCluster was named and this session is connected to none.",
-                                  fix="Name it (--cluster NAME) or connect first "
-                                      "(%raytpu connect --kuberay NAME).")
+                                  fix=("Name it (", opt("cluster", "NAME"), ") or connect first (",
+                                       cmd("connect-kuberay", "NAME"), ")."))
             name = self.target.name
             namespace = namespace or self.target.namespace
         return self._client(namespace, context, kubeconfig), name, namespace

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from raytpu_lab._protocols import PlacementGroupLifetime, RawState
+from raytpu_lab.advice import cmd
 from raytpu_lab.errors import NotConnectedError
 from raytpu_lab.reservations.info import ReservationInfo, list_reservations
 from raytpu_lab.state import fetch
@@ -64,7 +65,7 @@ class StateReader:
         if not self.connected():
             raise NotConnectedError(
                 f"Cannot {doing}: no Ray cluster is connected.",
-                fix="Start the local emulator (%raytpu up) or connect (%raytpu connect ADDRESS).")
+                fix=("Start the local emulator (", cmd("up"), ") or connect (", cmd("connect", "ADDRESS"), ")."))
 
     def snapshot(self) -> ClusterSnapshot:
         """The cluster now: slices -> hosts -> chips with state and health.

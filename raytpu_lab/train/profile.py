@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from raytpu_lab.advice import opt
 from raytpu_lab.errors import TrainingConfigError
 
 __all__ = ["ProfileWindow", "Tracer", "parse_profile_window", "with_profiler", "PROFILE_DIR", "STEPS_FILE",
@@ -87,7 +88,8 @@ def parse_profile_window(value: str | tuple[int, int] | ProfileWindow) -> Profil
     """
     if isinstance(value, ProfileWindow):
         value = (value.start, value.stop)
-    fix = "Pass --profile START:STOP (API: profile=(start, stop)) with 0 <= START < STOP, e.g. 5:8."
+    fix = ("Pass ", opt("profile", "START:STOP"), " with 0 <= START < STOP, e.g. ",
+           opt("profile", "5:8"), " (or a pair in Python: profile=(5, 8)).")
     why = ("A step is one ray.train.report call of a worker, counted from 0; the trace covers "
            "steps START to STOP - 1.")
     if isinstance(value, str):
@@ -97,7 +99,7 @@ def parse_profile_window(value: str | tuple[int, int] | ProfileWindow) -> Profil
                 raise ValueError
             start, stop = int(parts[0]), int(parts[1])
         except ValueError:
-            raise TrainingConfigError(f"--profile {value!r} is not START:STOP.", why=why,
+            raise TrainingConfigError((opt("profile", value), " is not START:STOP."), why=why,
                                       fix=fix) from None
     else:
         try:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 from raytpu_lab._protocols import RawState
+from raytpu_lab.advice import cmd, opt
 from raytpu_lab.errors import NoSliceAvailableError, ReservationError, TrainingConfigError
 from raytpu_lab.reservations.loans import SliceLoan
 from raytpu_lab.reservations.slices import Reservation, diagnose
@@ -209,8 +210,9 @@ class Runs:
             raise ReservationError(
                 f"Reservation {name!r} holds {len(res.slice_names)} x {res.shape.pod_type} "
                 f"({res.shape.topology}), not {slices} x {shape.pod_type} ({shape.topology}).",
-                fix=f"Use --topology {res.shape.topology} --version {res.shape.version} "
-                    f"--slices {len(res.slice_names)}, or leave them out with --reservation.")
+                fix=("Use ", opt("topology", res.shape.topology), " ",
+                     opt("version", res.shape.version), " ", opt("slices", len(res.slice_names)),
+                     ", or leave them out with ", opt("reservation"), "."))
         self._release_hosts(name)  # its host processes hold the chips the run needs
         return SliceLoan(res, self._snapshot, self._raw_state, wait_s=wait_s)
 
@@ -233,8 +235,8 @@ class Runs:
                     f"them: {taken}.",
                     why="JaxTrainer reserves its own slices; Ray Train does not accept a "
                         "placement group or label selector together with use_tpu.",
-                    fix="Release the reservation first (%raytpu release NAME).",
+                    fix=("Release the reservation first (", cmd("release", "NAME"), ")."),
                     pod_type=shape.pod_type, slices_needed=slices)
             if time.monotonic() >= deadline:
-                raise diagnose(snap, shape, slices, timeout_s=wait_s, wait_option="--wait")
+                raise diagnose(snap, shape, slices, timeout_s=wait_s, wait_option="wait")
             time.sleep(0.5)

@@ -9,12 +9,13 @@ and returns a :class:`CheckedRun`; :class:`raytpu_lab.train.service.Runs` starts
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from raytpu_lab._checks import require_positive
+from raytpu_lab.advice import opt
 from raytpu_lab.errors import RaytpuError, TrainingConfigError
 from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.train.profile import ProfileWindow, parse_profile_window
@@ -117,7 +118,7 @@ def validate(spec: RunSpec) -> CheckedRun:
         raise RaytpuError(f"No trainer {spec.trainer!r}.",
                           fix=f"Use one of {', '.join(TRAINER_KINDS)}.")
     shape = SliceShape.of(spec.version, spec.topology)
-    _require_positive("slices", spec.slices)
+    require_positive("slices", spec.slices)
     window = parse_profile_window(spec.profile) if spec.profile is not None else None
     _require_config_dict(spec.config)
     if spec.trainer == "torch":
@@ -137,13 +138,5 @@ def _require_config_dict(config: Any) -> None:
         raise TrainingConfigError(
             f"The training config is a {type(config).__name__}, not a dict.",
             why="Ray Train passes train_loop_config to the function as a dict.",
-            fix="Pass a dict, e.g. --config \"{'steps': 100}\".")
+            fix=("Pass a dict, e.g. ", opt("config", {"steps": 100}), "."))
 
-
-def _require_positive(option: str, value: float) -> None:
-    # nan and inf refused too: a wait must end. (lab.py keeps its own copy for its non-run
-    # options until the session helpers move there.)
-    if not (value > 0 and math.isfinite(value)):
-        raise RaytpuError(f"--{option} {value} is not allowed.",
-                          why=f"{option} must be a finite number above 0.",
-                          fix=f"Pass a positive --{option}.")

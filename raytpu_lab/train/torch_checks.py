@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
+from raytpu_lab.advice import opt
 from raytpu_lab.errors import TrainingConfigError
 from raytpu_lab.tpu.topology import SliceShape
 
@@ -84,7 +85,7 @@ def check_backend(backend: str | None) -> None:
     """
     if backend is not None and backend not in BACKENDS:
         raise TrainingConfigError(
-            f"--backend {backend} is not supported.",
+            (opt("backend", backend), " is not supported."),
             why="A TPU run's process group is torch_xla's xla, torch_tpu's tpu_dist or gloo.",
             fix=f"Use one of {', '.join(BACKENDS)}, or leave it out (xla on TPUs, gloo on the "
                 "emulator).")

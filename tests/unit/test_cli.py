@@ -29,7 +29,8 @@ def test_status_without_address_or_cluster_fails_with_a_hint(
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert cli.main(["status"]) == 1
     err = capsys.readouterr().err
-    assert "No Ray cluster to connect to" in err and "%raytpu up" in err
+    assert "No Ray cluster to connect to" in err and "(raytpu up)" in err  # the shell's spelling
+    assert "in a notebook: %raytpu connect --kuberay NAME" in err
     assert cli.main(["status", "--name", "nope"]) == 1
     assert "raytpu list shows the running ones" in capsys.readouterr().err
 

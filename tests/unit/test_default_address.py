@@ -40,7 +40,9 @@ def test_nothing_to_connect_to_says_what_to_do(monkeypatch: pytest.MonkeyPatch) 
     _clusters(monkeypatch)
     with pytest.raises(ConnectError, match="No Ray cluster to connect to") as err:
         connection_module.default_address()
-    assert "%raytpu up" in err.value.fix and "--kuberay" in err.value.fix
+    assert "lab.up()" in err.value.fix and "lab.connect_kuberay('NAME')" in err.value.fix
+    cell = err.value.spelled("cell")
+    assert "%raytpu up" in cell and "%raytpu connect --kuberay NAME" in cell
 
 
 def test_a_refused_connection_fails_in_seconds_not_the_whole_timeout() -> None:

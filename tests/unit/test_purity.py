@@ -15,6 +15,7 @@ FORBIDDEN = ("ray", "IPython", "ipykernel", "requests", "urllib3", "httpx", "aio
 
 PURE_MODULES = [
     "raytpu_lab._protocols",
+    "raytpu_lab.advice",
     "raytpu_lab.tpu",
     "raytpu_lab.tpu.generations",
     "raytpu_lab.tpu.labels",

@@ -74,7 +74,7 @@ def test_every_trainer_kind_has_a_factory() -> None:
 
 @pytest.mark.parametrize(("spec", "error", "needle"), [
     (RunSpec("jax", "4x5", "v6e", train), RaytpuError, "not a valid topology"),
-    (RunSpec("jax", "2x2x2", "v4", train, slices=0), RaytpuError, "--slices 0 is not allowed"),
+    (RunSpec("jax", "2x2x2", "v4", train, slices=0), RaytpuError, "slices=0 is not allowed"),
     (RunSpec("jax", "2x2x2", "v4", train, profile="8:5"), TrainingConfigError, "8:5"),
     (RunSpec("torch", "2x2x2", "v4", train, profile="x"), TrainingConfigError, "START:STOP"),
     (RunSpec("jax", "2x2x2", "v4", train, config=[1]), TrainingConfigError, "not a dict"),

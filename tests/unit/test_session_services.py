@@ -83,8 +83,8 @@ def test_the_one_unknown_reservation_error_lists_what_is_held() -> None:
 
 @pytest.mark.parametrize(("kwargs", "needle"), [
     ({"topology": "4x5", "version": "v6e"}, "is not a valid topology"),
-    ({"slices": 0}, "--slices 0 is not allowed"),
-    ({"timeout_s": math.nan}, "--timeout nan is not allowed"),
+    ({"slices": 0}, "slices=0 is not allowed"),
+    ({"timeout_s": math.nan}, "timeout_s=nan is not allowed"),
     ({"name": "two words"}, "is not a reservation name"),
 ])
 def test_reserve_refuses_before_reading_the_cluster(kwargs: dict[str, Any], needle: str) -> None:
@@ -233,7 +233,7 @@ def test_up_refuses_a_bad_spec_before_anything(no_ray: list[str]) -> None:
 def test_connect_refuses_a_bad_timeout_and_keeps_the_connection(no_ray: list[str]) -> None:
     switched: list[int] = []
     conn = Connection(StateReader(), on_switch=lambda: switched.append(1))
-    with pytest.raises(RaytpuError, match="--timeout 0 is not allowed"):
+    with pytest.raises(RaytpuError, match="timeout_s=0 is not allowed"):
         conn.connect("127.0.0.1:1", timeout_s=0)
     assert no_ray == [] and switched == []
 
