@@ -51,7 +51,7 @@ demo: $(STAMP)
 # TEST_BUDGET: minutes after which pytest is interrupted (SIGINT), so it still prints which
 # tests ran, failed or hung, well inside CI's own limit.
 TEST_BUDGET ?= 60
-test: $(STAMP) $(TORCH_STAMP) browser-deps
+test: $(STAMP) $(TORCH_STAMP) browser-deps lint
 	@start=$$(date +%s); \
 	timeout --signal=INT --kill-after=120 $(TEST_BUDGET)m \
 	$(PY) -m pytest tests/unit tests/notebooks tests/browser tests/integration -q -p no:cacheprovider --timeout=600 --durations=30 -W ignore::DeprecationWarning; rc=$$?; \
