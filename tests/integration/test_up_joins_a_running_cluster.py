@@ -29,7 +29,10 @@ def test_up_of_a_shape_it_lacks_is_refused_and_starts_nothing(cluster) -> None:
     session = Lab()
     with pytest.raises(EmulatorError, match="already running") as info:
         session.up("v6e:4x4", 3)
-    assert "down --name raytpu" in str(info.value)  # how to stop it, in the caller's terms
+    # How to stop it, in the caller's terms: Python here; a cell or a shell spells it its way.
+    assert "lab.down(name='raytpu')" in str(info.value)
+    assert "%raytpu down --name raytpu" in info.value.spelled("cell")
+    assert "raytpu down --name raytpu" in info.value.spelled("shell")
     assert [c.name for c in emulator.running()] == [cluster.name]
     assert not session.connected
 
