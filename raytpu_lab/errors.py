@@ -84,29 +84,12 @@ class RaytpuError(Exception):
         self._text[i] = value
         self.args = (self._compose(),)
 
-    @property
-    def what(self) -> str:
-        return self._text[0]
-
-    @what.setter
-    def what(self, value: str) -> None:
-        self._set(0, value)
-
-    @property
-    def why(self) -> str:
-        return self._text[1]
-
-    @why.setter
-    def why(self, value: str) -> None:
-        self._set(1, value)
-
-    @property
-    def fix(self) -> str:
-        return self._text[2]
-
-    @fix.setter
-    def fix(self, value: str) -> None:
-        self._set(2, value)
+    what = property(lambda self: self._text[0], lambda self, v: self._set(0, v),
+                    doc="What happened, spelled for :attr:`front`.")
+    why = property(lambda self: self._text[1], lambda self, v: self._set(1, v),
+                   doc="Why it happened, spelled for :attr:`front` (or ``\"\"``).")
+    fix = property(lambda self: self._text[2], lambda self, v: self._set(2, v),
+                   doc="What to do next, spelled for :attr:`front` (or ``\"\"``).")
 
     def spelled(self, front: Front) -> str:
         """The error's block (what, why, what to do) spelled for ``front``; changes nothing."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raytpu_lab.cluster import emulator
+from raytpu_lab.options import DEFAULT_TPU
 from raytpu_lab.reservations.service import ReservationService
 from raytpu_lab.reservations.slices import Reservation
 from raytpu_lab.reservations.spmd import CellResult, SliceSession
@@ -74,6 +75,7 @@ class Session(TrainingMethods):
                          reservation=self.reservation_service.get,
                          held=lambda: list(self.reservation_service.held),
                          release_hosts=self.hosts.close, on_placed=self.feed.run_placed,
+                         raw_state=lambda: self.reader.raw(),
                          on_ended=self.feed.run_ended)
 
     # -- cluster ---------------------------------------------------------------------------
@@ -91,7 +93,7 @@ class Session(TrainingMethods):
         """Whether this process is a Ray driver connected through this session."""
         return self.connection.connected
 
-    def up(self, tpu: str | Sequence[str] = "v6e:4x4", slices: int = 2, *,
+    def up(self, tpu: str | Sequence[str] = DEFAULT_TPU, slices: int = 2, *,
            name: str | None = None,
            timeout_s: float = 180.0,
            manifest: str | Path | Mapping[str, Any] | None = None,

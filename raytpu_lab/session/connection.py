@@ -16,6 +16,7 @@ from raytpu_lab.advice import cmd
 from raytpu_lab.cluster import emulator
 from raytpu_lab.cluster.connect import connect, disconnect, probe, wait_for_nodes
 from raytpu_lab.errors import ConnectError, EmulatorError, InvalidTopologyError
+from raytpu_lab.options import DEFAULT_TPU
 from raytpu_lab.session.reader import StateReader
 from raytpu_lab.tpu.topology import parse_spec
 
@@ -83,7 +84,7 @@ class Connection:
         """Whether this process is a Ray driver connected through this session."""
         return self.address is not None and ray.is_initialized()
 
-    def up(self, tpu: str | Sequence[str] = "v6e:4x4", slices: int = 2, *,
+    def up(self, tpu: str | Sequence[str] = DEFAULT_TPU, slices: int = 2, *,
            name: str | None = None,
            timeout_s: float = 180.0, manifest: str | Path | Mapping[str, Any] | None = None,
            progress: Callable[[int, int], None] | None = None) -> emulator.EmulatedCluster:
