@@ -1,0 +1,200 @@
+"""The "Ray TPU" sidebar in a real JupyterLab (headless Debian chromium, issue 15).
+
+The sidebar shows a small emulated cluster of the module's own (2 x v4 2x2x2) (its slices, no kernel needed); a
+reservation made in a notebook appears in its list within 2 s; its Release button frees it (checked
+through Ray from the kernel); the map opened in the main area survives a page reload (JupyterLab's
+layout restorer). Screenshots: ``build/sidebar.png``, ``build/sidebar_map_reload.png``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Locator, Page
+
+from tests.browser.conftest import LabServer, jupyterlab_page
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "build"
+NOTEBOOK = "sidebar.ipynb"
+APPEARS_WITHIN_S = 2.0
+SLICES = 2  # the module's own cluster: 2 x v4 2x2x2 (4 hosts)
+CLUSTER_ID = "emulated-sidebar"  # its id in the sidebar's picker (raytpu_lab/jupyter/clusters.py)
+
+
+@pytest.fixture(scope="module")
+def sb_cluster() -> Any:
+    """This module's cluster under the session's emulator root; the notebooks' ``%raytpu up``
+    (same name and slices) joins it."""
+    from raytpu_lab.cluster import emulator
+
+    cluster = emulator.up([("v4:2x2x2", 2)], name="sidebar", timeout_s=300)
+    yield cluster
+    cluster.down()
+
+CELLS = [
+    "%load_ext raytpu_lab\n%raytpu up --tpu v4:2x2x2 --slices 2 --name sidebar",
+    "%raytpu reserve 2x2x2 --version v4 --name side1",
+    "import ray\nprint('STATES', [g['state'] for g in ray.util.placement_group_table().values()"
+    " if g['name'] == 'raytpu:side1'])",
+]
+UP, RESERVE, CHECK = range(len(CELLS))
+
+
+def _cell(page: Page, i: int) -> Locator:
+    return page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(i)
+
+
+def _run(page: Page, i: int, timeout_s: float) -> str:
+    cell = _cell(page, i)
+    before = cell.locator(".jp-InputPrompt").inner_text().strip()
+    cell.scroll_into_view_if_needed()
+    cell.locator(".jp-InputArea-editor .cm-content").click()
+    page.keyboard.press("Shift+Enter")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = cell.locator(".jp-InputPrompt").inner_text().strip()
+        if now != before and re.fullmatch(r"\[\d+\]:", now):
+            return cell.locator(".jp-OutputArea").inner_text()
+        assert time.monotonic() < deadline, f"cell {i} still running: {cell.inner_text()[-1500:]}"
+        time.sleep(0.1)
+
+
+def _wait(what: str, fn: Any, timeout_s: float, interval_s: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = fn()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s (last {value!r})"
+        time.sleep(interval_s)
+
+
+def _open_sidebar(page: Page, cluster_id: str = CLUSTER_ID) -> Locator:
+    """The sidebar, open, showing ``cluster_id``: other emulated clusters of the test session
+    (the shared one) may run too, and the picker starts on the first it lists."""
+    tab = page.locator('.jp-SideBar [data-id="raytpu-sidebar"]')
+    tab.wait_for(timeout=60_000)
+    sidebar = page.locator("#raytpu-sidebar")
+    if not sidebar.is_visible():
+        tab.click()
+    sidebar.wait_for(state="visible", timeout=10_000)
+    picker = sidebar.locator("select.raytpu-cluster-picker")
+    picker.locator(f'option[value="{cluster_id}"]').wait_for(state="attached", timeout=30_000)
+    if picker.input_value() != cluster_id:
+        picker.select_option(cluster_id)
+    return sidebar
+
+
+def test_sidebar_shows_the_cluster_a_reservation_and_releases_it(
+        lab_server: LabServer, sb_cluster: Any) -> None:
+    BUILD.mkdir(exist_ok=True)
+    with jupyterlab_page(lab_server, CELLS, NOTEBOOK, BUILD / "sidebar_failure.png",
+                         height=1000) as (page, errors):
+        page.goto(lab_server.lab_url(NOTEBOOK))
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+        sidebar = _open_sidebar(page)
+        # No kernel has run anything yet: the server's poller alone shows the slices.
+        rows = sidebar.locator(".raytpu-slice-row")
+        _wait("the cluster's slices", lambda: rows.count() >= SLICES, 60, 0.2)
+        names = rows.evaluate_all("els => els.map(e => e.dataset.slice)")
+        assert {"tpu-v4-2x2x2-0", "tpu-v4-2x2x2-1"} == set(names), names
+        paths = sidebar.locator(".raytpu-map-host svg rect, .raytpu-map-host svg path")
+        assert paths.count() > 0, "the sidebar's map drew nothing"
+        assert sidebar.locator(".raytpu-map-host .slice[data-slice]").count() >= SLICES
+
+        _run(page, UP, 240)
+        out = _run(page, RESERVE, 120)
+        made = time.monotonic()
+        assert "side1" in out, out
+        row = sidebar.locator('.raytpu-reservation-row[data-reservation="side1"]')
+        row.wait_for(timeout=int(APPEARS_WITHIN_S * 1000) + 500)
+        appeared_s = time.monotonic() - made
+        print(f"reservation appeared in the sidebar {appeared_s:.2f} s after its cell finished")
+        assert appeared_s <= APPEARS_WITHIN_S, appeared_s
+        assert row.locator("td").nth(3).inner_text() == "8"  # chips
+        held = sidebar.locator('.raytpu-slice-row[data-state="reserved"]')
+        _wait("its slice shown reserved", lambda: held.count() >= 1, 5)
+        sidebar.locator(".raytpu-reservations").scroll_into_view_if_needed()
+        page.screenshot(path=str(BUILD / "sidebar.png"))
+
+        row.locator("button.raytpu-release").click()
+        _wait("the row gone after Release", lambda: row.count() == 0, 10)
+        out = _run(page, CHECK, 60)
+        assert "STATES ['REMOVED']" in out, out  # through Ray, from the kernel
+        assert not errors, errors
+
+
+def test_the_main_area_map_survives_a_reload(lab_server: LabServer, sb_cluster: Any) -> None:
+    BUILD.mkdir(exist_ok=True)
+    with jupyterlab_page(lab_server, ["1"], "reload.ipynb", BUILD / "sidebar_reload_failure.png",
+                         height=900) as (page, errors):
+        page.goto(lab_server.lab_url("reload.ipynb"))
+        sidebar = _open_sidebar(page)
+        _wait("slices", lambda: sidebar.locator(".raytpu-slice-row").count() >= SLICES, 60, 0.2)
+        sidebar.locator("button.raytpu-open-map").click()
+        main = page.locator(".jp-MainAreaWidget .raytpu-main-map")
+        main.wait_for(timeout=10_000)
+        _wait("the main-area map's hosts", lambda: main.locator(".slice[data-slice]").count() >= SLICES, 20)
+        page.wait_for_timeout(1500)  # the layout restorer saves the workspace (debounced)
+        page.goto(f"{lab_server.url}/lab?token={lab_server.token}")
+        main = page.locator(".jp-MainAreaWidget .raytpu-main-map")
+        # Restored as a tab; which tab of its dock area is in front is JupyterLab's layout
+        # restorer's choice (the notebook may be): the user brings it forward by its tab.
+        main.wait_for(state="attached", timeout=60_000)
+        tab = page.locator(".lm-TabBar-tab", has_text="Ray TPU: emulated-sidebar")
+        assert tab.count() == 1
+        tab.click()
+        main.wait_for(timeout=10_000)
+        _wait("the restored map's slices", lambda: main.locator(".slice[data-slice]").count() >= SLICES, 30)
+        assert main.locator("svg rect").count() > 0
+        page.screenshot(path=str(BUILD / "sidebar_map_reload.png"))
+        assert not errors, errors
+
+
+FOREVER = '''%%raytpu jax --topology 2x2x2 --version v4 --name side-forever
+def train(config):
+    import time
+    import ray.train
+    step = 0
+    while True:
+        ray.train.report({"step": step})
+        step += 1
+        time.sleep(0.2)
+'''
+
+
+def test_stop_in_the_sidebar_stops_a_run_of_a_busy_kernel(lab_server: LabServer,
+                                                         sb_cluster: Any) -> None:
+    BUILD.mkdir(exist_ok=True)
+    cells = ["%load_ext raytpu_lab\n%raytpu up --tpu v4:2x2x2 --slices 2 --name sidebar", FOREVER]
+    with jupyterlab_page(lab_server, cells, "busy.ipynb", BUILD / "sidebar_stop_failure.png",
+                         height=1000) as (page, errors):
+        page.goto(lab_server.lab_url("busy.ipynb"))
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+        sidebar = _open_sidebar(page)
+        _run(page, 0, 240)
+        cell = _cell(page, 1)
+        before = cell.locator(".jp-InputPrompt").inner_text().strip()
+        cell.locator(".jp-InputArea-editor .cm-content").click()
+        page.keyboard.press("Shift+Enter")  # the kernel is now busy in this cell until the run ends
+        row = sidebar.locator('.raytpu-run-row[data-run="side-forever"][data-state="running"]')
+        row.wait_for(timeout=180_000)
+        _wait("steps/s above 0", lambda: float(row.locator("td").nth(3).inner_text()) > 0, 60, 0.2)
+        assert cell.locator(".jp-InputPrompt").inner_text().strip() == "[*]:"  # still busy
+        page.screenshot(path=str(BUILD / "sidebar_run.png"))
+        stop_clicked = time.monotonic()
+        row.locator("button.raytpu-stop").click()
+        ended = sidebar.locator('.raytpu-run-row[data-run="side-forever"][data-state="stopped"]')
+        ended.wait_for(timeout=30_000)
+        _wait("the cell to finish", lambda: cell.locator(".jp-InputPrompt").inner_text().strip()
+              not in ("[*]:", before), 30, 0.2)
+        print(f"run stopped {time.monotonic() - stop_clicked:.1f} s after Stop")
+        assert "stopped" in cell.locator(".jp-OutputArea").inner_text().lower()
+        assert not errors, errors
