@@ -95,6 +95,31 @@ class _SharedStart:
         return cls.outcome["cluster"]
 
 
+_BUDGET_KEY = pytest.StashKey[float]()  # monotonic deadline of $RAYTPU_TEST_BUDGET_S
+_SESSION: dict[str, pytest.Session] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _SESSION["session"] = session
+    budget = os.environ.get("RAYTPU_TEST_BUDGET_S")
+    if budget:
+        session.config.stash[_BUDGET_KEY] = time.monotonic() + float(budget)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
+    """Past ``$RAYTPU_TEST_BUDGET_S`` seconds (``make test``), stop after the current test, so
+    pytest still prints what failed and how long each test took. An outer ``timeout`` sending
+    SIGINT is not enough: Ray and Jupyter install handlers of their own that swallow it."""
+    session = _SESSION.get("session")
+    if session is None:
+        return
+    deadline = session.config.stash.get(_BUDGET_KEY, None)
+    if deadline is not None and time.monotonic() > deadline:
+        session.shouldstop = (f"the test budget of {os.environ['RAYTPU_TEST_BUDGET_S']} s is spent"
+                              " (RAYTPU_TEST_BUDGET_S); the tests after this one did not run")
+
+
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection: only the tests that will run count
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
