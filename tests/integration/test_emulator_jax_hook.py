@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ if sys.argv[1] == "holds":
     jax.distributed.initialize()          # JAX's documented first line: a no-op now
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("hook-test")   # a real cross-process barrier
-print("RESULT", json.dumps([first, jax.process_index(), jax.process_count()]))
+print("\nRESULT", json.dumps([first, jax.process_index(), jax.process_count()]), flush=True)
 """
 
 
@@ -37,8 +38,12 @@ def _run(worker_id: int, coordinator: str, holds: bool) -> subprocess.Popen[str]
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _result(out: str) -> list[int]:
-    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+def _result(out: tuple[str, str]) -> list[int]:
+    """The program's RESULT line (printed after a newline and flushed: JAX or absl may leave a
+    line unfinished on stdout); the process's output in the failure message when it is missing."""
+    found = re.search(r"^RESULT (.*)$", out[0], re.MULTILINE)
+    assert found, f"no RESULT line; stdout: {out[0][-1500:]!r} stderr: {out[1][-1500:]!r}"
+    return json.loads(found.group(1))
 
 
 def test_processes_holding_the_chips_see_the_slice_and_reinitialize_is_a_no_op() -> None:
@@ -46,11 +51,11 @@ def test_processes_holding_the_chips_see_the_slice_and_reinitialize_is_a_no_op()
     procs = [_run(w, coordinator, holds=True) for w in (0, 1)]
     outs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
-    assert [_result(o[0]) for o in outs] == [[8, 0, 2], [8, 1, 2]]
+    assert [_result(o) for o in outs] == [[8, 0, 2], [8, 1, 2]]
 
 
 def test_a_process_without_the_chips_sees_its_own_devices_only() -> None:
     proc = _run(1, f"127.0.0.1:{free_ports(1)[0]}", holds=False)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
-    assert _result(out) == [4, 0, 1]
+    assert _result((out, err)) == [4, 0, 1]

@@ -11,7 +11,7 @@ from raytpu_lab.cluster import _process_groups, emulator
 from raytpu_lab.errors import EmulatorError
 from raytpu_lab.lab import Lab
 
-from .conftest import connected_to
+from .conftest import connected_to, wait_until
 
 
 def test_up_joins_the_running_cluster_and_down_leaves_it(cluster) -> None:
@@ -37,6 +37,17 @@ def test_up_of_a_shape_it_lacks_is_refused_and_starts_nothing(cluster) -> None:
     assert not session.connected
 
 
+def _exited(proc) -> bool:
+    """Whether a process has exited (a zombie not yet reaped by its parent has)."""
+    import psutil
+
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.timeout(300)  # seen once: ray.init waiting 600 s on the fresh head's GCS
 def test_up_over_a_half_stopped_cluster_starts_a_fresh_one(cluster) -> None:
     """A kernel killed while it stopped its cluster leaves processes whose GCS no longer answers
     (a user's kernel restart): ``up`` of that name stops what is left and starts anew instead of
@@ -53,6 +64,9 @@ def test_up_over_a_half_stopped_cluster_starts_a_fresh_one(cluster) -> None:
     assert gcs, "the head has a GCS"
     for proc in gcs:
         proc.kill()
+    # A kill is delivered asynchronously: until the GCS has exited its port may still accept a
+    # connection, and `up` would rightly join a head that seems to answer.
+    assert wait_until(lambda: all(_exited(p) for p in gcs), 30), "the killed GCS still runs"
     session = Lab()
     try:
         fresh = session.up("v5litepod:2x2", 1, name=name, timeout_s=600)
