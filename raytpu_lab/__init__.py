@@ -21,6 +21,7 @@ from raytpu_lab.errors import (
     RaytpuError,
     RemoteHostError,
     ReservationError,
+    ServeError,
     TrainingConfigError,
     TrainingError,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "RaytpuError",
     "RemoteHostError",
     "ReservationError",
+    "ServeError",
     "TrainingConfigError",
     "TrainingError",
     "get_lab",

@@ -11,8 +11,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["abort_train_controller", "remove_placement_group_by_id", "available_resources_per_node",
-           "controller_announcer", "ensure_auth_token", "enable_token_auth", "muted_worker_logs",
-           "wrap_train_report", "ray_cli_main", "route_agents"]
+           "controller_announcer", "restart_reporter", "ensure_auth_token", "enable_token_auth",
+           "muted_worker_logs", "wrap_train_report", "ray_cli_main", "route_agents",
+           "fresh_node_id", "serve_client", "serve_http_port", "kv_put", "kv_get", "kv_list",
+           "kv_del"]
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
@@ -79,6 +81,52 @@ def controller_announcer(send: Callable[[Any], None]) -> Any:
     there too (e.g. a ``ray.util.queue.Queue.put_nowait``).
     """
     return _announcer_class()(send)
+
+
+@functools.cache
+def _restart_reporter_class() -> type:
+    from ray.train.v2._internal.execution.callback import ControllerCallback
+
+    class _ReportRestarts(ControllerCallback):  # type: ignore[misc]
+        def __init__(self, send: Callable[[dict[str, Any]], None]) -> None:
+            self._send = send
+
+        def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
+            import time
+
+            from ray.train.v2._internal.execution.controller.state import (
+                ReschedulingState,
+                RestartingState,
+            )
+
+            if not isinstance(current_state, RestartingState | ReschedulingState):
+                return
+            state = "RESTARTING" if isinstance(current_state, RestartingState) else "RESCHEDULING"
+            err = getattr(current_state, "training_failed_error", None)
+            failures = getattr(err, "worker_failures", None) or {}
+            try:
+                self._send({"kind": "restart", "time": time.time(), "state": state,
+                            "errors": {int(rank): f"{type(exc).__name__}: {exc}"[:2000]
+                                       for rank, exc in failures.items()},
+                            "error": str(err)[:2000] if err is not None else ""})
+            except Exception:  # never fail the run for the sake of its view
+                pass
+
+    return _ReportRestarts
+
+
+def restart_reporter(send: Callable[[dict[str, Any]], None]) -> Any:
+    """A Ray Train callback that calls ``send(event)`` each time the run's controller decides to
+    restart (``RESTARTING``: the worker group failed while running; ``RESCHEDULING``: it failed
+    to start), in the controller actor.
+
+    ``event``: ``{"kind": "restart", "time": epoch seconds, "state", "errors": {rank: text},
+    "error": text}``. From ``after_controller_state_update`` of a ``ControllerCallback`` (Ray 2.60,
+    ``ray/train/v2/_internal/execution/controller/state.py``: ``RestartingState`` and
+    ``ReschedulingState`` carry the ``TrainingFailedError``, whose ``worker_failures`` maps each
+    failed rank to its exception).
+    """
+    return _restart_reporter_class()(send)
 
 
 def remove_placement_group_by_id(pg_id: str) -> None:
@@ -168,6 +216,7 @@ def wrap_train_report(hook: Callable[..., Any]) -> Callable[[], None]:
 
     utils = get_train_fn_utils()
     original = utils.report
+    wrapped_before = "report" in utils.__dict__  # another hook's wrapper (nested hooks)
 
     def report(*args: Any, **kwargs: Any) -> Any:
         return hook(original, *args, **kwargs)
@@ -176,7 +225,10 @@ def wrap_train_report(hook: Callable[..., Any]) -> Callable[[], None]:
 
     def undo() -> None:
         if utils.__dict__.get("report") is report:
-            del utils.report
+            if wrapped_before:
+                utils.report = original  # type: ignore[method-assign]  # the outer hook's
+            else:
+                del utils.report
 
     return undo
 
@@ -202,6 +254,20 @@ def ray_cli_main(argv: list[str] | None) -> int:
     return 0
 
 
+def fresh_node_id() -> None:
+    """Give the node this (forked) ``ray start`` creates an id of its own.
+
+    Ray 2.60 draws node ids (``ray.NodeID.from_random``) from a C++ generator seeded once per
+    process image, so every ``ray start`` forked from one launcher drew the same id and the GCS
+    took each new host for the previous one (seen as 6 hosts started, 1 node alive). Ray's node
+    reads ``RAY_OVERRIDE_NODE_ID_FOR_TESTING`` (``ray._private.node.Node.__init__``) before drawing;
+    it is set here to 28 bytes from ``os.urandom`` (the size of a ``NodeID``).
+    """
+    import os
+
+    os.environ["RAY_OVERRIDE_NODE_ID_FOR_TESTING"] = os.urandom(28).hex()
+
+
 def route_agents(prefix: list[str]) -> None:
     """Make Ray start this process's nodes' dashboard and runtime-env agents as ``prefix +
     [agent script, args...]`` instead of ``python -u [agent script, args...]``.
@@ -225,3 +291,57 @@ def route_agents(prefix: list[str]) -> None:
         return result
 
     services._build_python_executable_command_memory_profileable = build
+
+
+def serve_client() -> Any:
+    """Ray Serve's client of the running Serve controller, or ``None`` when Serve is not running.
+
+    ``ray.serve.context._get_global_client(raise_if_no_controller_running=False)`` (Ray 2.60);
+    the public ``serve.status()`` would start Serve to answer.
+    """
+    from ray.serve.context import _get_global_client
+
+    return _get_global_client(raise_if_no_controller_running=False)
+
+
+def serve_http_port() -> int | None:
+    """The HTTP port of the running Serve proxies (``ServeControllerClient.http_config.port``,
+    Ray 2.60), or ``None`` when Serve is not running."""
+    client = serve_client()
+    return None if client is None else int(client.http_config.port)
+
+
+# Ray's internal key-value store (GCS), namespace "raytpu": the run board
+# (raytpu_lab/train/board.py) publishes live runs there and reads stop requests, so a process that
+# is not the run's kernel (the Jupyter sidebar's poller) can list and stop runs without an actor.
+_KV_NAMESPACE = "raytpu"
+
+
+def kv_put(key: str, value: bytes) -> None:
+    """Store ``value`` under ``key`` (overwrites). Needs ``ray.init`` first."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(key, value, overwrite=True, namespace=_KV_NAMESPACE)
+
+
+def kv_get(key: str) -> bytes | None:
+    """The value under ``key``, or ``None``."""
+    from ray.experimental import internal_kv
+
+    value = internal_kv._internal_kv_get(key, namespace=_KV_NAMESPACE)
+    return value if isinstance(value, bytes) else None
+
+
+def kv_list(prefix: str) -> list[str]:
+    """Keys starting with ``prefix``."""
+    from ray.experimental import internal_kv
+
+    keys = internal_kv._internal_kv_list(prefix, namespace=_KV_NAMESPACE) or []
+    return [k.decode() if isinstance(k, bytes) else str(k) for k in keys]
+
+
+def kv_del(key: str) -> None:
+    """Delete ``key`` (no error if absent)."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_del(key, namespace=_KV_NAMESPACE)

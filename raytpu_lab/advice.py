@@ -84,43 +84,35 @@ def opt(name: str, value: Value = None) -> Opt:
 
 
 # The one table of option spellings: neutral name -> (cell/shell flag, Python keyword).
+# Most options are spelled `--name` in a cell or shell and `name=` in Python; the rest differ.
 # A flag of None: a cell has no such option (said so when spelled).
+_SAME_NAME = ("slices", "profile", "config", "name", "reservation", "backend", "yes", "context",
+              "kubeconfig", "tpu", "topology", "version", "all", "kuberay", "namespace",
+              "replicas", "app", "rps", "concurrency")
 OPTIONS: dict[str, tuple[str | None, str]] = {
-    "slices": ("--slices", "slices"),
+    **{name: (f"--{name}", name) for name in _SAME_NAME},
     "timeout": ("--timeout", "timeout_s"),
+    "max_failures": ("--max-failures", "max_failures"),
     "wait": (None, "wait_s"),
-    "profile": ("--profile", "profile"),
-    "config": ("--config", "config"),
-    "name": ("--name", "name"),
-    "reservation": ("--reservation", "reservation"),
-    "backend": ("--backend", "backend"),
-    "yes": ("--yes", "yes"),
-    "context": ("--context", "context"),
-    "kubeconfig": ("--kubeconfig", "kubeconfig"),
     "cluster": ("--cluster", "name"),  # scale: --cluster in a cell, name= in Python
-    "tpu": ("--tpu", "tpu"),
-    "topology": ("--topology", "topology"),
-    "version": ("--version", "version"),
-    "all": ("--all", "all"),
-    "kuberay": ("--kuberay", "kuberay"),
-    "namespace": ("--namespace", "namespace"),
     "address": ("", "address"),  # connect --kuberay NAME ADDRESS: positional in a cell
+    "duration": ("--duration", "duration_s"),
 }
 
-# neutral action -> (cell words, Python call, shell words or None when the shell lacks it)
+# neutral action -> (cell words, Python call, shell words or None when the shell lacks it).
+# Most actions are cell-only and named alike in a cell and in Python (`reserve` / `lab.reserve`).
+_CELL_AND_PYTHON = ("connect", "reserve", "release", "reservations", "attach", "apply", "serve")
 _ACTIONS: dict[str, tuple[str, str, str | None]] = {
+    **{action: (action, f"lab.{action}", None) for action in _CELL_AND_PYTHON},
     "up": ("up", "lab.up", "up"),
     "down": ("down", "lab.down", "down"),
     "status": ("status", "lab.status", "status"),
-    "connect": ("connect", "lab.connect", None),
     "connect-kuberay": ("connect --kuberay", "lab.connect_kuberay", None),
-    "reserve": ("reserve", "lab.reserve", None),
-    "release": ("release", "lab.release", None),
-    "reservations": ("reservations", "lab.reservations", None),
     "reservations-all": ("reservations --all", "lab.cluster_reservations", None),
-    "attach": ("attach", "lab.attach", None),
-    "apply": ("apply", "lab.apply", None),
     "delete": ("delete", "lab.delete_raycluster", None),
+    "serve-status": ("serve status", "lab.serve_status", None),
+    "serve-delete": ("serve delete", "lab.serve_delete", None),
+    "serve-load": ("serve load", "lab.serve_load", None),
 }
 
 

@@ -9,11 +9,17 @@ API (:class:`raytpu_lab.lab.Lab`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Literal
 
+from raytpu_lab._argtypes import positive_seconds
 from raytpu_lab.errors import InvalidTopologyError, RaytpuError
 from raytpu_lab.options import DEFAULT_TPU, add_down_options, add_up_options
+
+if TYPE_CHECKING:
+    from raytpu_lab.lab import Lab
 
 __all__ = ["main"]
 
@@ -35,6 +41,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="GCS address HOST:PORT (default: $RAY_ADDRESS, else the one "
                              "emulated cluster running here)")
     status.add_argument("--name", default=None, help="the emulated cluster of this name")
+
+    check = sub.add_parser("check", help="smoke-test every idle intact slice: JAX device counts "
+                                         "and a blocked psum on every host")
+    check.add_argument("address", nargs="?",
+                       help="GCS address HOST:PORT (default: $RAY_ADDRESS, else the one "
+                            "emulated cluster running here)")
+    check.add_argument("--name", default=None, help="the emulated cluster of this name")
+    check.add_argument("--timeout", type=positive_seconds, default=60.0,
+                       help="seconds a host may stay silent before it is named (default 60)")
     return parser
 
 
@@ -127,29 +142,62 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from raytpu_lab.cluster import emulator
-    from raytpu_lab.cluster.connect import disconnect
-    from raytpu_lab.lab import Lab
     from raytpu_lab.widgets.svg import render_status_text
 
-    address = args.address
-    if address is None and args.name:
+    with _connected(args) as lab:
+        if lab is None:
+            return 1
+        print(render_status_text(lab.snapshot()))
+    return 0
+
+
+@contextlib.contextmanager
+def _connected(args: argparse.Namespace) -> Iterator[Lab | None]:
+    """A session connected to the cluster ``args`` name (``None`` after saying that the named
+    emulated cluster is not running); on leaving, what it reserved is released and the driver
+    disconnected."""
+    from raytpu_lab.cluster.connect import disconnect
+    from raytpu_lab.lab import Lab
+
+    address = _address(args)
+    if address is False:
+        yield None
+        return
+    lab = Lab()
+    lab.connect(address)
+    try:
+        yield lab
+    finally:
+        lab.reservation_service.release_all()
+        disconnect()
+
+
+def _address(args: argparse.Namespace) -> str | None | Literal[False]:
+    """The address to connect to (``None``: the default), or ``False`` after saying that the
+    named emulated cluster is not running."""
+    from raytpu_lab.cluster import emulator
+
+    if args.address is None and args.name:
         found = emulator.find(args.name)
         if found is None:
             print(f"No emulated cluster {args.name!r} is running; pass HOST:PORT or another "
                   "--name (raytpu list shows the running ones).", file=sys.stderr)
+            return False
+        return found.address
+    address: str | None = args.address
+    return address
+
+
+def _check(args: argparse.Namespace) -> int:
+    with _connected(args) as lab:
+        if lab is None:
             return 1
-        address = found.address
-    lab = Lab()
-    lab.connect(address)
-    try:
-        print(render_status_text(lab.snapshot()))
-    finally:
-        disconnect()
-    return 0
+        report = lab.check(timeout_s=args.timeout)
+    print(report.text())
+    return 0 if report.ok else 1
 
 
-_COMMANDS = {"up": _up, "down": _down, "list": _list, "status": _status}
+_COMMANDS = {"up": _up, "down": _down, "list": _list, "status": _status, "check": _check}
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -41,6 +41,7 @@ __all__ = [
     "TrainingConfigError",
     "TrainingError",
     "RemoteHostError",
+    "ServeError",
     "ManifestError",
     "KubernetesError",
 ]
@@ -243,6 +244,21 @@ class RemoteHostError(RaytpuError):
                  result: CellResult | None = None, host: HostOutput | None = None) -> None:
         self.result = result
         self.host = host
+        super().__init__(what, why, fix)
+
+
+class ServeError(RaytpuError):
+    """A Serve deployment on a reservation was refused before deploying, or failed to start.
+
+    Attributes:
+        host: ``"<slice> worker <id>"`` of the replica that failed, or ``""``.
+        traceback: The replica's traceback text (from Ray Serve), or ``""``.
+    """
+
+    def __init__(self, what: Text, why: Text = "", fix: Text = "", *, host: str = "",
+                 traceback: str = "") -> None:
+        self.host = host
+        self.traceback = traceback
         super().__init__(what, why, fix)
 
 

@@ -21,15 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 from raytpu_lab.cluster import emulator
 from raytpu_lab.options import DEFAULT_TPU
+from raytpu_lab.reservations.check_report import CheckReport
 from raytpu_lab.reservations.service import ReservationService
 from raytpu_lab.reservations.slices import Reservation
 from raytpu_lab.reservations.spmd import CellResult, SliceSession
+from raytpu_lab.serve.service import ServeService
 from raytpu_lab.session._forward import forwarded as _forwarded
 from raytpu_lab.session.connection import Connection
 from raytpu_lab.session.hosts import HostSessions
 from raytpu_lab.session.kuberay_control import KubeRayControl
 from raytpu_lab.session.map_feed import MapFeed
 from raytpu_lab.session.reader import SnapshotContext, StateReader
+from raytpu_lab.session.serving import ServingMethods
 from raytpu_lab.session.training import TrainingMethods
 from raytpu_lab.state.snapshot import ClusterSnapshot
 from raytpu_lab.train.service import Runs
@@ -43,7 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["Lab", "Session", "get_lab", "use_session"]
 
 
-class Session(TrainingMethods):
+class Session(TrainingMethods, ServingMethods):
     """A notebook's view of one Ray cluster with TPU slices.
 
     Args:
@@ -58,18 +61,20 @@ class Session(TrainingMethods):
         kuberay: The RayCluster on Kubernetes this session connected to
             (:meth:`connect_kuberay`), or ``None``.
         last_profile: The analysis of the most recent profiled run (``train_jax(profile=...)``).
-        connection, reservation_service, hosts, kube, feed, runs: The services.
+        connection, reservation_service, hosts, kube, feed, runs, serving: The services.
     """
 
     def __init__(self, reader: StateReader | None = None) -> None:
         self.reader = reader or StateReader(connected=lambda: self.connected)
         self.reader.context = self._snapshot_context  # what this session adds to Ray's view
         self.connection = Connection(self.reader, on_switch=self._leave_cluster)
-        self.reservation_service = ReservationService(
-            self.reader, on_release=lambda name: self.hosts.close(name))
+        self.reservation_service = ReservationService(self.reader, on_release=self._releasing)
         self.hosts = HostSessions(self.reservation_service)
         self.kube = KubeRayControl(self.connect)
         self.feed = MapFeed(self.snapshot, own_slices=self.reservation_service.own_slices)
+        self.serving = ServeService(self.reservation_service, self.reader,
+                                    close_hosts=self.hosts.close, on_served=self.feed.serving_placed,
+                                    on_deleted=self.feed.run_ended)
         # Late-bound: tests (and subclasses) that replace snapshot or the connection check reach it.
         self.runs = Runs(lambda: self.snapshot(), lambda doing: self.require_connection(doing),
                          reservation=self.reservation_service.get,
@@ -209,6 +214,14 @@ class Session(TrainingMethods):
         :meth:`raytpu_lab.session.hosts.HostSessions.run_on`."""
         return self.hosts.run_on(name, code_or_fn, *args, **kwargs)
 
+    def check(self, name: str | None = None, *, timeout_s: float = 60.0) -> CheckReport:
+        """Smoke-test the TPU hosts of reservation ``name`` (``None``: of every idle intact slice,
+        each reserved for the check and released after): per host JAX's global and local device
+        counts, process index, and a ``psum`` over every device blocked on with
+        ``block_until_ready``, with its time; a host that errs or is silent for ``timeout_s``
+        seconds is named. See :meth:`raytpu_lab.session.hosts.HostSessions.check`."""
+        return self.hosts.check(name, timeout_s=timeout_s)
+
     # -- training: see raytpu_lab.session.training (every run goes through self.runs) --
 
     # -- KubeRay ---------------------------------------------------------------------------
@@ -278,6 +291,11 @@ class Session(TrainingMethods):
         kube_expected, planned = self.kube.expectation()
         expected = (cluster.expected_hosts if cluster else None) or kube_expected
         return SnapshotContext(expected_hosts=expected, jobs=self.feed.jobs, planned=planned)
+
+    def _releasing(self, name: str) -> None:
+        """Before reservation ``name``'s slices are given back: stop what uses its chips."""
+        self.hosts.close(name)
+        self.serving.delete_for(name)
 
     def _leave_cluster(self) -> None:
         """Before connecting elsewhere: give back what belongs to the cluster left."""

@@ -32,6 +32,7 @@ from raytpu_lab.cluster._child_exit import run_then_exit
 __all__ = ["Launcher"]
 
 
+
 class Launcher:
     """The parent's handle on a launcher process (see the module docstring)."""
 
@@ -150,6 +151,8 @@ def _child(msg: dict[str, Any]) -> NoReturn:
         os.environ.clear()
         os.environ.update(msg["env"])
         from raytpu_lab import _ray_private
+
+        _ray_private.fresh_node_id()  # forked children share the parent's C++ random state
 
         if os.environ.get("RAYTPU_AGENT_FORKSERVER"):  # a host: its agents come from the server
             shim = str(Path(__file__).with_name("_agent_shim.py"))

@@ -45,10 +45,23 @@ _RAY_WAITS = {
     #   register (default 60 s): 64 hosts' workers all importing Ray at once on 2 cores (a
     #   per-host cell on a v6e-256) need longer.
     "RAY_worker_register_timeout_seconds": "300",
-    # - health_check_failure_threshold: missed GCS health checks (every 3 s, 10 s timeout) before
-    #   a node is declared dead (default 5); raylets starved by such a start miss a few. A killed
-    #   host refuses the check at once, so it is still found dead within ~30 s.
+    # - health_check_failure_threshold: missed GCS health checks in a row before a node is
+    #   declared dead (default 5); raylets starved by such a start miss a few.
+    # - health_check_period_ms: the GCS checks each node this often (default 3000). A killed
+    #   host refuses the check at once, so it is found dead after ~threshold x period (2 s here,
+    #   as a lost TPU VM should show on the map within 3 s); a starved but living raylet is
+    #   given health_check_timeout_ms (10 s) per check, so ~100 s in a row before it is declared
+    #   dead.
     "RAY_health_check_failure_threshold": "10",
+    "RAY_health_check_period_ms": "200",
+    # - actor_graceful_shutdown_timeout_ms: when an actor's owner dies (a kernel killed with
+    #   `kill -9` owns Ray Train's controller, which owns the workers), the GCS asks the actor to
+    #   exit gracefully: it exits once its running tasks end, and is killed only after this
+    #   timeout (default 30 s). A training loop never ends by itself, so a killed kernel's run
+    #   held its slice 19-25 s on a busy machine. 2 s: the run's actors go within ~2 s of their
+    #   owner, and the placement groups (removed when their creator job and actor are dead)
+    #   with them.
+    "RAY_actor_graceful_shutdown_timeout_ms": "2000",
     # No idle worker prestarted on every node when a driver connects (~43 MB a host).
     "RAY_prestart_worker_first_driver": "0",
 }

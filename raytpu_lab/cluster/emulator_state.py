@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from raytpu_lab.cluster import _process_groups
+from raytpu_lab.errors import EmulatorError
 from raytpu_lab.tpu.topology import SliceShape, parse_spec
 
 __all__ = ["DEFAULT_NAME", "state_root", "EmulatedHost", "EmulatedCluster", "find",
@@ -115,6 +116,28 @@ class EmulatedCluster:
 
         have, want = count(self.specs), count(specs)
         return all(have[shape] >= n for shape, n in want.items())
+
+    def stop_host(self, slice_name: str, worker_id: int) -> EmulatedHost:
+        """Kill one TPU host (SIGKILL to its process group: raylet, agents and its workers), as
+        a TPU VM that dies would; Ray then marks its node dead and the slice turns degraded.
+        It is not restarted (start the cluster again for a whole slice).
+
+        Returns:
+            The host stopped.
+
+        Raises:
+            EmulatorError: The cluster has no host ``worker_id`` on slice ``slice_name`` (the
+                message lists the slices).
+        """
+        host = next((h for h in self.hosts if h.slice_name == slice_name and h.worker_id == worker_id),
+                    None)
+        if host is None:
+            slices = ", ".join(f"{s} (workers 0-{n - 1})" for s, n in self.expected_hosts.items())
+            raise EmulatorError(f"Emulated cluster {self.name!r} has no host {worker_id} on "
+                                f"slice {slice_name!r}.", why=f"Its slices: {slices}.",
+                                fix="Pass a slice name and worker id from that list.")
+        _process_groups.signal_group(host.pid, signal.SIGKILL)
+        return host
 
     def is_running(self) -> bool:
         """Whether the head's processes are still alive."""

@@ -106,7 +106,10 @@ class ClusterCommands(CommandContext):
             lab.refresher.resume()
             print("Map refresh resumed.")
             return None
-        return lab.map(interval_s=args.interval)
+        live = lab.map(interval_s=args.interval)
+        # Displayed with an id, so `down` can replace it by its static copy (no dead widget saved).
+        lab.feed.shown(display(live, display_id=True))
+        return None
 
 
 

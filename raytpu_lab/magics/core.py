@@ -15,9 +15,10 @@ from raytpu_lab.lab import Session
 from raytpu_lab.magics.awaiting import await_run_cells, empty_cells_as_lines
 from raytpu_lab.magics.brief import brief_errors, with_brief_errors
 from raytpu_lab.magics.cluster_commands import ClusterCommands
-from raytpu_lab.magics.parser import HelpShown, build_parser
+from raytpu_lab.magics.parser import HelpShown, build_parser, join_expressions
 from raytpu_lab.magics.reservation_commands import ReservationCommands
 from raytpu_lab.magics.run_commands import RunCommands
+from raytpu_lab.magics.serve_commands import ServeCommands
 
 __all__ = ["RaytpuMagics"]
 
@@ -25,7 +26,7 @@ Handler = Callable[[Any, argparse.Namespace, "str | None"], Any]
 
 
 @magics_class
-class RaytpuMagics(ClusterCommands, ReservationCommands, RunCommands, Magics):
+class RaytpuMagics(ClusterCommands, ReservationCommands, RunCommands, ServeCommands, Magics):
     """``%raytpu COMMAND ...``, ``%%raytpu jax ...`` and ``%%raytpu torch ...``; ``%raytpu --help`` lists the commands.
 
     Args:
@@ -42,7 +43,9 @@ class RaytpuMagics(ClusterCommands, ReservationCommands, RunCommands, Magics):
         "reserve": ReservationCommands._do_reserve, "release": ReservationCommands._do_release,
         "reservations": ReservationCommands._do_reservations,
         "attach": ReservationCommands._do_attach, "run": ReservationCommands._do_run,
+        "check": ReservationCommands._do_check,
         "jax": RunCommands._do_jax, "torch": RunCommands._do_torch,
+        "serve": ServeCommands._do_serve,
     }
 
     def __init__(self, shell: Any = None, session: Session | None = None, **kwargs: Any) -> None:
@@ -57,10 +60,10 @@ class RaytpuMagics(ClusterCommands, ReservationCommands, RunCommands, Magics):
     @line_cell_magic
     def raytpu(self, line: str, cell: str | None = None) -> Any:
         """Ray on Cloud TPUs: up, down, connect, status, map, reserve, release, reservations,
-        attach, run, jax, torch, apply, scale, delete."""
+        attach, run, check, jax, torch, serve, apply, scale, delete."""
         parser = build_parser()
         try:
-            words = shlex.split(line)
+            words = join_expressions(shlex.split(line))
         except ValueError as err:  # an unclosed quote
             raise UsageError(f"raytpu: cannot split the line into arguments: {err}.\n"
                              "Close every quote (' or \") you opened.") from None

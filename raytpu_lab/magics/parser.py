@@ -13,7 +13,40 @@ from IPython.core.error import UsageError
 from raytpu_lab._argtypes import positive_seconds
 from raytpu_lab.options import add_down_options, add_up_options
 
-__all__ = ["CELL_COMMANDS", "HelpShown", "build_parser"]
+__all__ = ["CELL_COMMANDS", "HelpShown", "build_parser", "join_expressions"]
+
+#: Options whose value is a Python expression (``--config dict(w=w, b=b)``).
+EXPRESSION_OPTIONS = ("--config",)
+
+
+def join_expressions(words: list[str]) -> list[str]:
+    """``words`` (a magic line split like a shell) with the words after an expression option
+    (:data:`EXPRESSION_OPTIONS`, also as ``--config=...``) joined by spaces up to the next
+    ``--option``: a Python expression has spaces (``--config dict(steps=100, lr=0.1)``), which
+    a shell-like split cuts apart. Quotes are still the shell's: an expression holding strings
+    is quoted whole (``--config "{'steps': 100}"``).
+
+    >>> join_expressions(["serve", "--on", "s1", "--config", "dict(w=w,", "b=b)", "--app", "m"])
+    ['serve', '--on', 's1', '--config', 'dict(w=w, b=b)', '--app', 'm']
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        out.append(words[i])
+        if words[i] in EXPRESSION_OPTIONS or words[i].startswith(
+                tuple(f"{o}=" for o in EXPRESSION_OPTIONS)):
+            j = i + 1
+            while j < len(words) and not words[j].startswith("--"):
+                j += 1
+            if j > i + 1:
+                if "=" in words[i]:  # --config=dict(a=1, b=2): the value started in this word
+                    out[-1] = " ".join(words[i:j])
+                else:
+                    out.append(" ".join(words[i + 1:j]))
+            i = j
+        else:
+            i += 1
+    return out
 
 
 class HelpShown(Exception):
@@ -60,12 +93,13 @@ class _Parser(argparse.ArgumentParser):
 
 #: Subcommands that are cell magics (``%%raytpu run ...``); their help is shown either way.
 CELL_COMMANDS = ("run", "jax", "torch")
+#: ``%%raytpu serve --on NAME`` is a cell; ``%raytpu serve status|delete APP`` are lines.
 
 
 def _help_hint(prog: str) -> str:
     """``%raytpu reserve --help``, or ``%%raytpu run --help`` for a cell subcommand."""
     words = prog.split()
-    cell = len(words) > 1 and words[1] in CELL_COMMANDS
+    cell = len(words) > 1 and (words[1] in CELL_COMMANDS or words[1] == "serve")
     return f"{'%%' if cell else '%'}{prog} --help"
 
 
@@ -144,6 +178,43 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--on", required=True, metavar="NAME", help="reservation name")
     run.add_argument("--out", help="variable for the CellResult (outputs and values per host)")
 
+    check = sub.add_parser("check", help="smoke-test hosts: JAX device counts and a blocked "
+                                         "collective on every host")
+    check.add_argument("name", nargs="?",
+                       help="reservation to check (default: every idle intact slice, each "
+                            "reserved for the check and released)")
+    check.add_argument("--timeout", type=positive_seconds, default=60.0,
+                       help="seconds a host may stay silent before it is named (default 60)")
+
+    srv = sub.add_parser(
+        "serve", help="(cell magic) serve the cell's deployment class on a reservation; "
+                      "status|delete APP",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="%%raytpu serve --on NAME: the cell defines a Ray Serve deployment class (plain\n"
+                    "or @serve.deployment); each replica holds one whole slice of reservation NAME\n"
+                    "(one bundle per host, {'TPU': chips per host}, pinned by ray.io/tpu-slice-name)\n"
+                    "while the reservation keeps the slice's head lock. In __init__, raytpu_lab.serve\n"
+                    ".replica_hosts() runs code on every host of the slice. HTTP on 127.0.0.1.\n"
+                    "%raytpu serve status APP / %raytpu serve delete APP (gives the chips back).\n"
+                    "%raytpu serve load APP --rps R --duration S: a bounded load with a live panel.")
+    srv.add_argument("action", nargs="?", choices=["status", "delete", "load"],
+                     help="status, delete or load (a line, with APP)")
+    srv.add_argument("target", nargs="?", metavar="APP", help="the app, with status/delete")
+    srv.add_argument("--on", metavar="NAME", help="reservation to serve on (the cell)")
+    srv.add_argument("--app", help="application name (default: the class name, lower case)")
+    srv.add_argument("--route", help="HTTP route prefix (default /APP)")
+    srv.add_argument("--replicas", type=int, default=1, help="replicas, one slice each (default 1)")
+    srv.add_argument("--config", help="Python expression (spaces allowed, up to the next --option): "
+                                     "keyword arguments for __init__, e.g. dict(w=w, b=b)")
+    srv.add_argument("--timeout", type=positive_seconds, default=120.0,
+                     help="seconds to wait for the replicas (default 120)")
+    srv.add_argument("--rps", type=float, default=10.0, help="load: requests per second (default 10)")
+    srv.add_argument("--duration", type=float, default=10.0, help="load: seconds (default 10)")
+    srv.add_argument("--concurrency", type=int, default=8,
+                     help="load: most requests in flight (default 8)")
+    srv.add_argument("--payload", help="load: JSON body to POST (default: GET)")
+    srv.add_argument("--out", default="last_load", help="load: variable for the stats (default last_load)")
+
     att = sub.add_parser("attach", help="adopt a detached reservation made by another kernel")
     att.add_argument("name")
 
@@ -206,6 +277,10 @@ def _run_options(parser: argparse.ArgumentParser, topology: str, version: str,
     parser.add_argument("--profile", metavar="START:STOP",
                         help=f"trace steps START..STOP-1 with {profiler} on every worker (a step "
                              "is one ray.train.report call); shown after the run")
+    parser.add_argument("--max-failures", type=int, default=0, metavar="N",
+                        help="restart the run up to N times when a worker group fails (a rank "
+                             "raised, a host died): Ray Train's FailureConfig; -1: no limit "
+                             "(default 0)")
 
 
 def _kube_options(parser: argparse.ArgumentParser) -> None:

@@ -67,6 +67,9 @@ class ReservationCommands(CommandContext):
         values = result.values
         return None if all(v is None for v in values) else values
 
+    def _do_check(self, args: argparse.Namespace, cell: str | None) -> Any:
+        return self.session.check(args.name, timeout_s=args.timeout)
+
     def _do_attach(self, args: argparse.Namespace, cell: str | None) -> None:
         res = self.session.attach(args.name)
         print(f"Attached {res.name!r}: {', '.join(res.slice_names)} "

@@ -50,8 +50,8 @@ class RunCommands(CommandContext):
                    if kind == "torch" else {})
         spec = RunSpec(kind, args.topology, args.version, slices=args.slices,
                        reservation=args.reservation, profile=args.profile,
-                       storage_path=args.storage, **options)
-        validate(spec)  # the shape, slices, profile window and backend options
+                       storage_path=args.storage, max_failures=args.max_failures, **options)
+        validate(spec)  # the shape, slices, max failures, profile window and backend options
         spec = replace(spec, config=self._config(args.config))
         validate(spec)
         fn = self._training_function(cell, args.fn)  # runs the cell

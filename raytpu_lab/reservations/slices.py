@@ -36,7 +36,8 @@ from raytpu_lab.state.snapshot import ClusterSnapshot
 from raytpu_lab.tpu.labels import LABEL_SLICE, LABEL_WORKER, RESERVATION_PREFIX
 from raytpu_lab.tpu.topology import SliceShape
 
-__all__ = ["Reservation", "reserve", "reserve_slices", "adopt", "diagnose", "RESERVATION_PREFIX"]
+__all__ = ["Reservation", "reserve", "reserve_slices", "lend_chips", "retake_chips", "adopt",
+           "diagnose", "RESERVATION_PREFIX"]
 
 _HEAD_ATTEMPT_S = 2.0
 """Seconds one pick waits for its head locks before choosing again (placing one takes ~10 ms)."""
@@ -59,6 +60,7 @@ class Reservation:
         detached: Whether it outlives the kernel that made it.
         created_at: Seconds since the epoch.
         adopted_group: The placement group of an adopted reservation (``handle`` is ``None``).
+        lent_to: What holds its chips while they are lent (e.g. ``"serve app echo"``), or ``""``.
     """
 
     name: str
@@ -69,11 +71,18 @@ class Reservation:
     detached: bool = False
     created_at: float = field(default_factory=time.time)
     adopted_group: PlacementGroup | None = None
+    lent_to: str = ""
 
     @property
     def placement_group(self) -> PlacementGroup:
         """The placement group holding every host (bundle i on one host of the slices)."""
         pg = self.handle.placement_group if self.handle is not None else self.adopted_group
+        if pg is None and self.lent_to:
+            from raytpu_lab.errors import ReservationError
+
+            raise ReservationError(f"Reservation {self.name!r} lends its chips to {self.lent_to}.",
+                                   why="Its slices' chips are held by that deployment's replicas.",
+                                   fix=("Delete it first: ", cmd("serve-delete", self.lent_to.split()[-1])))
         if pg is None:
             raise RuntimeError(f"reservation {self.name!r} was released")
         return pg
@@ -176,6 +185,48 @@ def reserve_slices(shape: SliceShape, slice_names: list[str], *, name: str, time
         time.sleep(0.2)
     return Reservation(name=name, shape=shape, slice_names=list(slice_names), handle=made[0],
                        head_locks=made[1], detached=detached)
+
+
+def lend_chips(res: Reservation) -> None:
+    """Give up the chips of ``res`` (its slice placement group) and keep its head locks, so the
+    slices stay out of every other reservation and run while something of this session (a Serve
+    deployment pinned to the slices) takes the chips. Idempotent; :func:`retake_chips` undoes it."""
+    if res.handle is not None:
+        res.handle.shutdown()
+        res.handle = None
+    if res.adopted_group is not None:
+        _remove_quietly(res.adopted_group)
+        res.adopted_group = None
+
+
+def retake_chips(res: Reservation, *, timeout_s: float = 30.0) -> bool:
+    """Hold the chips of ``res`` again after :func:`lend_chips` (its head locks still held): one
+    ``slice_placement_group`` pinned to its slices by ``ray.io/tpu-slice-name`` (Ray then skips
+    its own head reservation).
+
+    Returns:
+        Whether every bundle was placed within ``timeout_s`` seconds (if not, nothing is left
+        behind and ``res`` holds only its head locks).
+    """
+    if res.handle is not None or res.adopted_group is not None:
+        return True
+    shape, lifetime = res.shape, "detached" if res.detached else None
+    start = time.monotonic()
+    while True:
+        handle = slice_placement_group(
+            shape.topology, shape.version, num_slices=len(res.slice_names),
+            bundle_label_selector=[{LABEL_SLICE: s} for s in res.slice_names
+                                   for _ in range(shape.num_hosts)],
+            name=reservation_group_name(res.name), lifetime=lifetime)
+        pg = handle.placement_group
+        if pg is not None and _wait_ready([pg], min(start + timeout_s, time.monotonic() + 5.0),
+                                          start, None):
+            res.handle = handle
+            return True
+        handle.shutdown()
+        if time.monotonic() >= start + timeout_s:
+            return False
+        time.sleep(0.2)
 
 
 def adopt(info: ReservationInfo, shape: SliceShape) -> Reservation:

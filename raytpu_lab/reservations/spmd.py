@@ -46,7 +46,7 @@ from raytpu_lab.reservations.info import HostSlot, host_order
 from raytpu_lab.reservations.slices import Reservation
 from raytpu_lab.state.fetch import fetch_raw_state
 
-__all__ = ["SliceSession", "CellResult", "HostOutput", "check_cell"]
+__all__ = ["SliceSession", "CellResult", "HostOutput", "check_cell", "collect"]
 
 _CELL = "<cell>"  # file name of a cell's code in host tracebacks
 
@@ -308,7 +308,7 @@ class SliceSession:
             self._mute = _ray_private.muted_worker_logs(lambda batch: str(batch.get("pid")) in pids)
             self._mute.__enter__()
             if self.init_jax:
-                coordinator = self._get([self._actors[0].coordinator_address.remote()], "start")[0]
+                coordinator = self.coordinator()
                 self.jax_info = self._get(
                     [a.init_jax.remote(coordinator, len(self._actors), int(self.timeout_s))
                      for a in self._actors], "initialise jax.distributed on")
@@ -335,6 +335,26 @@ class SliceSession:
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> CellResult:
         """Call ``fn(*args, **kwargs)`` on every host; as :meth:`run` for results and errors."""
         return self._dispatch(lambda a: a.run.remote(None, fn, args, kwargs))
+
+    def submit_each(self, fn: Callable[..., Any], args_per_rank: list[tuple[Any, ...]]) -> list[Any]:
+        """Start ``fn(*args_per_rank[rank])`` on every host without waiting; see :func:`collect`.
+
+        Unlike :meth:`call`, a host that errs or hangs does not raise: the caller names it.
+
+        Returns:
+            One Ray object reference per rank.
+        """
+        self._require_started()
+        return [a.run.remote(None, fn, args) for a, args in zip(self._actors, args_per_rank, strict=True)]
+
+    def coordinator(self) -> str:
+        """A ``HOST:PORT`` on rank 0's host with a free port, for ``jax.distributed.initialize``.
+
+        Raises:
+            RemoteHostError: Rank 0 did not answer within ``timeout_s``.
+        """
+        self._require_started()
+        return str(self._get([self._actors[0].coordinator_address.remote()], "start")[0])
 
     def push(self, **values: Any) -> None:
         """Set variables in every host's namespace."""
@@ -368,9 +388,14 @@ class SliceSession:
     def _get(self, refs: list[Any], doing: str) -> list[Any]:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
         if len(ready) < len(refs):
+            done = {r.hex() for r in ready}
+            silent = [f"{h.slice_name} worker {h.worker_id}" for h, r in
+                      zip(self.hosts, refs, strict=False) if r.hex() not in done]
             raise RemoteHostError(
                 f"Could not {doing} the hosts of {self.reservation.name!r} within "
-                f"{self.timeout_s:.0f} s.", why="A host process did not answer in time.",
+                f"{self.timeout_s:.0f} s.",
+                why=f"No answer from {', '.join(silent)}." if silent and len(refs) == len(self.hosts)
+                else "A host process did not answer in time.",
                 fix=("Check ", cmd("status"), "; release and reserve again."))
         try:
             return list(ray.get(refs))
@@ -414,3 +439,25 @@ class SliceSession:
         _, still = ray.wait(refs, num_returns=len(refs), timeout=self.restart_after_s)
         if still:
             self.close()  # next cell starts fresh processes (jax.distributed needs all of them)
+
+
+def collect(refs: list[Any], timeout_s: float) -> list[dict[str, Any] | None]:
+    """Wait at most ``timeout_s`` seconds for :meth:`SliceSession.submit_each`'s references.
+
+    Returns:
+        Per rank, ``{"value", "error", "stdout", "stderr", "duration_s"}`` as the host sent it,
+        ``{"value": None, "error": ...}`` if its process died, or ``None`` if it did not answer in
+        time (its process is then still busy: :meth:`SliceSession.close` the session).
+    """
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    done = {r.hex() for r in ready}
+    out: list[dict[str, Any] | None] = []
+    for ref in refs:
+        if ref.hex() not in done:
+            out.append(None)
+            continue
+        try:
+            out.append(ray.get(ref))
+        except ray.exceptions.RayError as err:
+            out.append({"value": None, "error": str(err).splitlines()[0]})
+    return out

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from raytpu_lab._checks import require_positive
+from raytpu_lab.reservations.check import check_reservation, check_slices
+from raytpu_lab.reservations.check_report import CheckReport
 from raytpu_lab.reservations.service import ReservationService
 from raytpu_lab.reservations.spmd import CellResult, SliceSession, check_cell
 
@@ -62,6 +65,31 @@ class HostSessions:
         if isinstance(code_or_fn, str):
             return session.run(code_or_fn)
         return session.call(code_or_fn, *args, **kwargs)
+
+    def check(self, name: str | None = None, *, timeout_s: float = 60.0) -> CheckReport:
+        """Smoke-test hosts: JAX device counts, process index and a blocked ``psum`` per host.
+
+        Args:
+            name: This session's reservation to check (in its running per-host processes if it
+                has them, else in temporary ones); ``None``: every idle intact slice of the
+                cluster, each reserved for the check and released after.
+            timeout_s: Seconds a host may stay silent before it is named as ``timeout``.
+
+        Returns:
+            A table with one row per host (see :class:`~raytpu_lab.reservations.check_report.CheckReport`).
+
+        Raises:
+            NotConnectedError: No cluster connected.
+            ReservationError: This session holds no reservation ``name``.
+            RaytpuError: ``timeout_s`` is not positive.
+        """
+        require_positive("timeout", timeout_s)
+        reader = self.reservations.reader
+        reader.require("check the hosts")
+        if name is None:
+            return check_slices(reader.snapshot(), timeout_s=timeout_s)
+        res = self.reservations.get(name)
+        return check_reservation(res, timeout_s=timeout_s, session=self.sessions.get(name))
 
     def close(self, name: str | None = None) -> None:
         """Stop the host processes of reservation ``name`` (``None``: of every reservation)."""

@@ -4,6 +4,7 @@ they highlight (this session's slices, a run's slices and DCN links, runs' label
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from raytpu_lab.session.refresher import Refresher
 from raytpu_lab.state.snapshot import ClusterSnapshot
@@ -22,7 +23,9 @@ class MapFeed:
 
     Attributes:
         refresher: The one poller of the session; every live view it holds gets each snapshot.
-        jobs: ``{placement group id: "run <name>"}`` of runs going on, shown as owners.
+        jobs: ``{placement group id: "run <name>"}`` of runs going on (``"serve: <app>"`` of
+            Serve apps), shown as owners.
+        serving: ``{"serve: <app>": slice names}`` of the Serve apps running.
     """
 
     def __init__(self, snapshot: Callable[[], ClusterSnapshot],
@@ -31,7 +34,9 @@ class MapFeed:
         self.own_slices = own_slices
         self.refresher = Refresher(snapshot)
         self.jobs: dict[str, str] = {}
+        self.serving: dict[str, list[str]] = {}
         self._map: TopologyMap | None = None
+        self._shown: list[Any] = []
 
     def status(self, highlight: set[str] | None = None) -> StatusView:
         """A view of the snapshot: text table, HTML table and SVG map (for display); rings
@@ -91,15 +96,35 @@ class MapFeed:
         self.highlight(set(slice_names))
         self.mark_dcn([slice_names] if num_slices > 1 else [])
 
+    def serving_placed(self, label: str, slice_names: list[str], pg_ids: list[str]) -> None:
+        """A Serve app runs on ``slice_names``: its replicas' placement groups are shown as owned
+        by ``label`` (``"serve: <app>"``) and its slices ringed, until :meth:`run_ended`."""
+        self.jobs.update({pg: label for pg in pg_ids})
+        self.serving[label] = list(slice_names)
+        self.highlight(set(slice_names) | self.own_slices())
+
     def run_ended(self, label: str) -> None:
         """The run ``label`` ended: its placement groups are no longer shown as its."""
         self.jobs = {pg: v for pg, v in self.jobs.items() if v != label}
+        self.serving.pop(label, None)
+
+    def shown(self, handle: Any) -> None:
+        """Remember a displayed view of the map (an IPython ``DisplayHandle``): :meth:`stop`
+        replaces it by the map's static copy, so a saved notebook holds no dead widget."""
+        self._shown.append(handle)
 
     def stop(self, status: str) -> None:
-        """Stop refreshing; the map (if any) shows ``status``, e.g. "disconnected"."""
+        """Stop refreshing; the map (if any) shows ``status``, e.g. "disconnected", and every
+        view of it registered with :meth:`shown` becomes its static copy (last snapshot)."""
         self.refresher.stop()
         if self._map is not None:
             self._map.set_status(status)
+            shown, self._shown = self._shown, []
+            for handle in shown:
+                try:
+                    handle.update(self._map.static_bundle(), raw=True)
+                except Exception:  # a display that is gone (another kernel's front end)
+                    pass
 
     def _live(self) -> TopologyMap | None:
         if self._map is None or getattr(self._map, "closed", False):

@@ -14,7 +14,7 @@ from raytpu_lab.train.profile_analysis import ProfileReport
 from raytpu_lab.train.result import RunResult
 from raytpu_lab.train.run import RunHandle, RunListener
 from raytpu_lab.train.service import Runs
-from raytpu_lab.train.spec import RunSpec, validate
+from raytpu_lab.train.spec import RunSpec, max_failures_of, validate
 from raytpu_lab.train.torch_run import TorchRunResult
 
 __all__ = ["TrainingMethods"]
@@ -38,7 +38,8 @@ class TrainingMethods:
                   on_launch: Callable[[], None] | None = None,
                   on_records: Callable[[list[dict[str, Any]]], None] | None = None,
                   reservation: str | None = None,
-                  profile: str | tuple[int, int] | None = None) -> RunResult:
+                  profile: str | tuple[int, int] | None = None,
+                  max_failures: int = 0, failure_config: Any = None) -> RunResult:
         """Train with Ray Train's ``JaxTrainer`` on ``slices`` whole slices (one worker per host);
         block until the run ends. :meth:`start_jax` without waiting; Ctrl-C stops the run.
 
@@ -65,10 +66,16 @@ class TrainingMethods:
                 step is one ``ray.train.report`` call of a worker) with ``jax.profiler`` on every
                 worker (:mod:`raytpu_lab.train.profile`); the analysis is left in
                 :attr:`last_profile`.
+            max_failures: Restarts Ray Train may make when the worker group fails (a rank
+                raised, a host died): ``FailureConfig(max_failures=...)``; -1: no limit. Each
+                restart lands on slices Ray picks again, with fresh ``MEGASCALE_*`` values;
+                the result's ``attempts`` lists them (host, slice, seconds lost).
+            failure_config: Ray Train's ``FailureConfig`` instead of ``max_failures``.
 
         Raises:
             InvalidTopologyError: Bad topology (before Ray is asked).
-            TrainingConfigError: Bad config or a function Ray Train cannot call (before launch).
+            TrainingConfigError: Bad config, a bad ``max_failures`` or a function Ray Train
+                cannot call (before launch).
             ReservationError: ``reservation`` is unknown or does not match, or the run did not
                 land on it (aborted).
             NotConnectedError: No cluster connected.
@@ -79,7 +86,8 @@ class TrainingMethods:
         return self.start_jax(train_fn, topology, version, slices=slices, name=name,
                               config=config, storage_path=storage_path, wait_s=wait_s,
                               on_launch=on_launch, on_records=on_records,
-                              reservation=reservation, profile=profile).wait()
+                              reservation=reservation, profile=profile,
+                              max_failures=max_failures, failure_config=failure_config).wait()
 
     def start_jax(self, train_fn: Callable[..., Any], topology: str, version: str, *,
                   slices: int = 1, name: str | None = None, config: dict[str, Any] | None = None,
@@ -88,7 +96,8 @@ class TrainingMethods:
                   on_records: Callable[[list[dict[str, Any]]], None] | None = None,
                   listener: RunListener | None = None, mute_driver_logs: bool = False,
                   reservation: str | None = None,
-                  profile: str | tuple[int, int] | None = None) -> RunHandle:
+                  profile: str | tuple[int, int] | None = None,
+                  max_failures: int = 0, failure_config: Any = None) -> RunHandle:
         """Start a ``JaxTrainer`` run (as :meth:`train_jax`) and return its handle at once.
 
         ``handle.wait()`` blocks for the :class:`RunResult`, ``handle.stop()`` aborts the run and
@@ -102,7 +111,8 @@ class TrainingMethods:
         """
         spec = RunSpec("jax", topology, version, train_fn, slices=slices, name=name,
                        config=config, reservation=reservation, profile=profile,
-                       storage_path=storage_path, wait_s=wait_s)
+                       storage_path=storage_path, wait_s=wait_s,
+                       max_failures=max_failures_of(max_failures, failure_config))
         return self.runs.start(spec, on_launch=on_launch, on_records=on_records,
                                listener=listener, mute_driver_logs=mute_driver_logs)
 
@@ -158,7 +168,8 @@ class TrainingMethods:
                     wait_s: float = 60.0, on_launch: Callable[[], None] | None = None,
                     on_records: Callable[[list[dict[str, Any]]], None] | None = None,
                     reservation: str | None = None,
-                    profile: str | tuple[int, int] | None = None) -> TorchRunResult:
+                    profile: str | tuple[int, int] | None = None,
+                    max_failures: int = 0, failure_config: Any = None) -> TorchRunResult:
         """Train with Ray Train's ``TorchTrainer`` on every chip of ``slices`` slices (PyTorch/XLA);
         block until the run ends. :meth:`start_torch` without waiting; Ctrl-C stops the run.
 
@@ -184,6 +195,7 @@ class TrainingMethods:
             profile: ``(start, stop)`` or ``"START:STOP"``: trace those steps with torch_xla's
                 profiler on every worker (what such a trace holds: :mod:`raytpu_lab.train.profile`);
                 the analysis is left in :attr:`last_profile`.
+            max_failures, failure_config: Restarts, as :meth:`train_jax`.
 
         Raises:
             InvalidTopologyError: Bad topology (before Ray is asked).
@@ -199,7 +211,9 @@ class TrainingMethods:
                                   config=config, backend=backend,
                                   chips_per_worker=chips_per_worker, storage_path=storage_path,
                                   wait_s=wait_s, on_launch=on_launch, on_records=on_records,
-                                  reservation=reservation, profile=profile).wait()
+                                  reservation=reservation, profile=profile,
+                                  max_failures=max_failures,
+                                  failure_config=failure_config).wait()
         assert isinstance(result, TorchRunResult)
         return result
 
@@ -211,7 +225,8 @@ class TrainingMethods:
                     on_records: Callable[[list[dict[str, Any]]], None] | None = None,
                     listener: RunListener | None = None, mute_driver_logs: bool = False,
                     reservation: str | None = None,
-                    profile: str | tuple[int, int] | None = None) -> RunHandle:
+                    profile: str | tuple[int, int] | None = None,
+                  max_failures: int = 0, failure_config: Any = None) -> RunHandle:
         """Start a ``TorchTrainer`` run (as :meth:`train_torch`) and return its handle at once
         (see :meth:`start_jax`; ``handle.result`` is a ``TorchRunResult``).
 
@@ -222,6 +237,7 @@ class TrainingMethods:
         spec = RunSpec("torch", topology, version, train_fn, slices=slices, name=name,
                        config=config, reservation=reservation, profile=profile,
                        storage_path=storage_path, wait_s=wait_s, backend=backend,
-                       chips_per_worker=chips_per_worker)
+                       chips_per_worker=chips_per_worker,
+                       max_failures=max_failures_of(max_failures, failure_config))
         return self.runs.start(spec, on_launch=on_launch, on_records=on_records,
                                listener=listener, mute_driver_logs=mute_driver_logs)

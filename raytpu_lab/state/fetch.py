@@ -36,7 +36,8 @@ from raytpu_lab._protocols import (
     RawState,
 )
 
-__all__ = ["fetch_raw_state", "fetch_placement_group_lifetimes", "count_alive_nodes"]
+__all__ = ["fetch_raw_state", "fetch_placement_group_lifetimes", "count_alive_nodes",
+           "fetch_serve_replicas", "fetch_serve_status"]
 
 
 def fetch_raw_state() -> RawState:
@@ -150,3 +151,46 @@ def count_alive_nodes() -> int:
     """
     nodes: list[dict[str, object]] = ray.nodes()  # type: ignore[no-untyped-call]
     return sum(1 for n in nodes if n.get("Alive"))
+
+
+def fetch_serve_replicas(app: str) -> list[dict[str, str]]:
+    """The replica actors of Serve application ``app`` (alive and dead): ``[{"actor_id",
+    "class_name", "state", "node_id", "placement_group_id", "pid", "death_cause"}]``.
+
+    Ray Serve names each replica actor's class ``ServeReplica:<app>:<deployment>``; the state API
+    (``ray.util.state.list_actors``, served by the dashboard) gives its node and placement group.
+
+    Raises:
+        ray.util.state.exception.RayStateApiException: The dashboard did not answer.
+    """
+    from ray.util.state import list_actors
+
+    address = ray.get_runtime_context().gcs_address
+    prefix = f"ServeReplica:{app}:"
+    return [{"actor_id": str(a.actor_id), "class_name": str(a.class_name), "state": str(a.state),
+             "node_id": str(a.node_id or ""), "placement_group_id": str(a.placement_group_id or ""),
+             "pid": str(a.pid or ""), "death_cause": str(a.death_cause or "")}
+            for a in list_actors(address=address, detail=True, limit=10_000,
+                                 raise_on_missing_output=False)
+            if str(a.class_name).startswith(prefix)]
+
+
+def fetch_serve_status() -> dict[str, dict[str, object]]:
+    """Serve's applications now, from ``ray.serve.status()`` (public): ``{app: {"status",
+    "message", "deployments": {name: {"status", "message", "replica_states":
+    {state: count}}}}}``; ``{}`` when Serve is not running on the cluster.
+    """
+    from ray import serve
+
+    if _ray_private.serve_client() is None:  # Serve not started: status() would start it
+        return {}
+    out: dict[str, dict[str, object]] = {}
+    for name, app in serve.status().applications.items():
+        out[name] = {"status": str(app.status.value if hasattr(app.status, "value") else app.status),
+                     "message": app.message or "",
+                     "deployments": {d: {"status": str(getattr(st.status, "value", st.status)),
+                                         "message": st.message or "",
+                                         "replica_states": {str(getattr(k, "value", k)): int(v)
+                                                            for k, v in st.replica_states.items()}}
+                                     for d, st in app.deployments.items()}}
+    return out

@@ -139,7 +139,16 @@ def _owner_name(pg: RawPlacementGroup, reservations: Mapping[str, str]) -> str:
     name = str(pg.get("name") or "")
     if name.startswith(RESERVATION_PREFIX):
         return name[len(RESERVATION_PREFIX):]
+    if name.startswith(SERVE_REPLICA_PREFIX):  # any Serve replica's group, whoever deployed it
+        app, _, rest = name[len(SERVE_REPLICA_PREFIX):].partition("#")
+        deployment = rest.partition("#")[0]
+        return f"serve: {app}/{deployment}" if deployment else f"serve: {app}"
     return f"placement group {pg_id[:8]}"
+
+
+SERVE_REPLICA_PREFIX = "SERVE_REPLICA::"
+"""Ray Serve 2.60 names a replica's placement group as the replica actor:
+``SERVE_REPLICA::<app>#<deployment>#<id>`` (``ray.serve._private.common.ReplicaID.to_full_id_str``)."""
 
 
 def _bundles_by_node(groups: Iterable[RawPlacementGroup], reservations: Mapping[str, str]

@@ -21,12 +21,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ray
 from ray.train import TrainingFailedError, UserCallback
 
 # The V2 config classes JaxTrainer takes (``ray.train.RunConfig`` resolves to them at run time).
-from ray.train.v2.api.config import RunConfig, ScalingConfig
+from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
 from ray.util.queue import Queue
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raytpu_lab import _ray_private
 from raytpu_lab.state.fetch import fetch_placement_group_states
@@ -38,7 +40,7 @@ from raytpu_lab.train.run import RunHandle, RunListener, RunUpdate
 from raytpu_lab.train.worker_tap import accepts_config, tap_train_fn
 
 __all__ = ["RunHandle", "RunListener", "RunResult", "RunUpdate", "TrainerFactory", "start_jax",
-           "start_run", "REPORT_INTERVAL_S"]
+           "start_run", "user_flops", "REPORT_INTERVAL_S"]
 
 REPORT_INTERVAL_S = 0.5
 _HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
@@ -81,6 +83,19 @@ class _Announce:
         self._queue.put_nowait({"kind": "controller", "handle": handle, "pid": os.getpid()})
 
 
+class _Send:
+    """Picklable ``send`` for callbacks in the controller: puts one event on the events queue."""
+
+    def __init__(self, queue: Queue) -> None:
+        self._queue = queue
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        try:  # as _StreamReports: never wait for the queue actor in the controller's loop
+            self._queue.actor.put_nowait.remote(event)  # type: ignore[union-attr]
+        except Exception:  # a gone queue must never fail the training run
+            pass
+
+
 def start_jax(
     train_fn: Callable[..., Any],
     shape: SliceShape,
@@ -90,6 +105,7 @@ def start_jax(
     config: dict[str, Any] | None = None,
     storage_path: str | None = None,
     profile: ProfileWindow | None = None,
+    max_failures: int = 0,
     **kwargs: Any,
 ) -> RunHandle:
     """Start ``train_fn`` under ``JaxTrainer`` on ``num_slices`` slices of ``shape``; return at once.
@@ -106,6 +122,9 @@ def start_jax(
         profile: Steps to trace with ``jax.profiler`` on every worker
             (:func:`raytpu_lab.train.profile.with_profiler`); traces go to
             ``<run storage>/profile/``.
+        max_failures: Ray Train's ``FailureConfig(max_failures=...)``: restarts after a worker
+            group failure (-1: no limit). Ray's JAX backend gives every new worker group fresh
+            ``MEGASCALE_*`` values (``ray/train/v2/jax/config.py``, which overwrites them).
     """
     if profile is not None:
         train_fn = with_profiler(train_fn, profile, "jax")
@@ -117,12 +136,22 @@ def start_jax(
             scaling_config=ScalingConfig(
                 use_tpu=True, topology=shape.topology, accelerator_type=shape.accelerator_type,
                 num_workers=shape.num_hosts * num_slices),
-            run_config=RunConfig(name=name, storage_path=storage_path,
-                                 callbacks=callbacks),
+            run_config=RunConfig(name=name, storage_path=storage_path, callbacks=callbacks,
+                                 failure_config=FailureConfig(max_failures=max_failures)),
         )
 
+    if kwargs.get("result") is None:
+        kwargs["result"] = RunResult(name=name, shape=shape, num_slices=num_slices)
+    kwargs["result"].flops_per_step = user_flops(config)
     return start_run(make_trainer, shape, name=name, num_slices=num_slices, train_fn=train_fn,
-                     **kwargs)
+                     max_failures=max_failures, **kwargs)
+
+
+def user_flops(config: Any) -> float | None:
+    """The ``flops_per_step`` key of a run's config (model FLOPs of one step, all chips), or
+    ``None`` (see :mod:`raytpu_lab.train.mfu`)."""
+    value = config.get("flops_per_step") if isinstance(config, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def start_run(
@@ -141,6 +170,7 @@ def start_run(
     log_flush_interval_s: float = 0.25,
     result: RunResult | None = None,
     worker_summary: Callable[[], dict[str, Any]] | None = None,
+    max_failures: int = 0,
 ) -> RunHandle:
     """Build a Ray Train trainer with our callbacks, start ``fit()`` in a thread, return its handle.
 
@@ -173,6 +203,9 @@ def start_run(
             a plain :class:`RunResult` if ``None``.
         worker_summary: With ``train_fn``: called in each worker when it ends; the dicts land
             in ``result.worker_summaries`` (see :func:`~raytpu_lab.train.worker_tap.tap_train_fn`).
+        max_failures: The run's restart budget (as its ``FailureConfig``): with one, a rank
+            that raises is left to Ray Train to restart instead of ending the run at once, and
+            each restart Ray Train's controller makes is reported (``result.attempts``).
 
     Returns:
         The running run's handle (:meth:`RunHandle.wait`, :meth:`RunHandle.stop`).
@@ -183,12 +216,12 @@ def start_run(
     if train_fn is not None:
         accepts_config(train_fn)  # before any actor or placement group exists
     os.environ.setdefault(_HEALTH_CHECK_ENV, str(REPORT_INTERVAL_S))
-    events = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
-    logs = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
+    events, logs = _queue_on_this_node(), _queue_on_this_node()
     if result is None:
         result = RunResult(name=name, shape=shape, num_slices=num_slices)
     known_pgs = _placement_group_ids()
-    callbacks = [_StreamReports(events), _ray_private.controller_announcer(_Announce(events))]
+    callbacks = [_StreamReports(events), _ray_private.controller_announcer(_Announce(events)),
+                 _ray_private.restart_reporter(_Send(events))]
     try:
         if train_fn is not None:
             wrapped = tap_train_fn(train_fn, events, logs, flush_interval_s=log_flush_interval_s,
@@ -201,11 +234,12 @@ def start_run(
             _shutdown_queue(q)
         raise
 
-    find_slices = (lambda: _new_slices(snapshot(), known_pgs)) if snapshot is not None else None
+    find_slices = (lambda known: _new_slices(snapshot(), known)) if snapshot is not None else None
     handle = RunHandle(name, result, trainer.fit, events, logs, listeners=listeners,
                        on_slices=on_placement, on_finish=on_finish, find_slices=find_slices,
                        poll_interval_s=poll_interval_s, mute_driver_logs=mute_driver_logs,
-                       error_text=_error_text, known_pgs=known_pgs)
+                       error_text=_error_text, known_pgs=known_pgs,
+                       fail_fast=max_failures == 0)
     return handle.start()
 
 
@@ -239,6 +273,19 @@ def _worker_error_text(err: TrainingFailedError) -> str:
             detail = f"{cause}\n{detail}"
         return f"rank {rank}{more}: {detail}"
     return str(err)
+
+
+def _queue_on_this_node() -> Queue:
+    """A run's stream queue (an actor, no CPU), pinned to the driver's node (softly: anywhere if
+    that node takes no actors).
+
+    Left to Ray, a zero-CPU actor may land on a TPU host; when that host is lost (what a restart
+    budget is for) the run's reports, restart events and logs would be lost with it, and the run
+    would go on unseen. Ray Train attaches its own controller to the driver's node too (a
+    ``label_selector`` on the node id; Ray 2.60, ``ray/train/v2/api/data_parallel_trainer.py``).
+    """
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    return Queue(maxsize=10_000, actor_options={"num_cpus": 0, "scheduling_strategy": here})
 
 
 def _shutdown_queue(queue: Queue) -> None:

@@ -13,7 +13,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from raytpu_lab.tpu.topology import SliceShape
-from raytpu_lab.train.protocols import ErrorRow, PlacementRow, Record, RunSummary, Trainer
+from raytpu_lab.train.attempts import attempt_rows
+from raytpu_lab.train.goodput import Goodput, split_goodput
+from raytpu_lab.train.mfu import Mfu, compute_mfu
+from raytpu_lab.train.protocols import (
+    AttemptRow,
+    ErrorRow,
+    PlacementRow,
+    Record,
+    RestartRow,
+    RunSummary,
+    TimingRow,
+    Trainer,
+)
 from raytpu_lab.train.streams import LogBook, placement_table
 
 __all__ = ["RunResult", "RunUpdate", "progress", "Counts"]
@@ -56,6 +68,10 @@ class RunUpdate:
             not in it are stamped with ``elapsed_s``.
         errors: New worker errors (rank, host, traceback...).
         slices: The slices the run landed on, once known (``[]`` before).
+        timings: New worker timing rows (when each rank started, its reports' spans).
+        placed_s: Seconds since launch when the run's slices were first seen held, in the
+            update that first saw them.
+        restarts: Restarts of the worker group by Ray Train's controller (``max_failures``).
         result: The run's result, with this update folded in (set by :meth:`RunResult.absorb`).
     """
 
@@ -67,11 +83,15 @@ class RunUpdate:
     log_times: dict[int, float] = field(default_factory=dict)
     errors: list[ErrorRow] = field(default_factory=list)
     slices: list[str] = field(default_factory=list)
+    timings: list[TimingRow] = field(default_factory=list)
+    placed_s: float | None = None
+    restarts: list[RestartRow] = field(default_factory=list)
     result: RunResult | None = None
 
     @property
     def empty(self) -> bool:
-        return not (self.records or self.workers or self.logs or self.dropped or self.errors)
+        return not (self.records or self.workers or self.logs or self.dropped or self.errors
+                    or self.timings or self.restarts)
 
 
 @dataclass
@@ -97,6 +117,14 @@ class RunResult:
         stopped: The run was stopped (Stop button, ``stop()`` or an interrupt) before it ended.
         worker_summaries: ``{rank: summary}`` each worker sent when its function ended, for
             trainers that ask for one (PyTorch/XLA runs: torch_xla's metrics); ``{}`` otherwise.
+        launched_at: Epoch seconds at launch (the workers' timestamps are converted with it).
+        placed_s: Seconds from launch until the run's slices were seen held, or ``None``.
+        timings: ``{rank: TimingRow}`` each worker sent when its function ended (see
+            :meth:`goodput`).
+        flops_per_step: Model FLOPs of one step, all chips, as the user gave them (the run
+            config's ``flops_per_step`` key), or ``None`` (see :meth:`mfu`).
+        restarts: Each restart of the worker group by Ray Train's controller (runs with
+            ``max_failures``), in order; see :meth:`attempts`.
     """
 
     name: str
@@ -113,6 +141,11 @@ class RunResult:
     logs: LogBook = field(default_factory=LogBook)
     stopped: bool = False
     worker_summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
+    launched_at: float = 0.0
+    placed_s: float | None = None
+    timings: dict[int, TimingRow] = field(default_factory=dict)
+    flops_per_step: float | None = None
+    restarts: list[RestartRow] = field(default_factory=list)
     _by_rank: dict[int, list[Record]] = field(default_factory=dict, init=False, repr=False,
                                               compare=False)
     _indexed: int = field(default=0, init=False, repr=False, compare=False)
@@ -127,6 +160,7 @@ class RunResult:
         self.records.extend(update.records)
         self.workers.extend(update.workers)
         self.worker_errors.extend(update.errors)
+        self.restarts.extend(update.restarts)
         by_rank: dict[int, list[tuple[str, str]]] = {}
         for rank, stream, text in update.logs:
             by_rank.setdefault(rank, []).append((stream, text))
@@ -135,6 +169,10 @@ class RunResult:
                           time_s=update.log_times.get(rank, update.elapsed_s))
         if update.slices:
             self.slice_names = list(update.slices)
+        if update.placed_s is not None and self.placed_s is None:
+            self.placed_s = update.placed_s
+        for row in update.timings:
+            self.timings[int(row["rank"])] = row
         update.result = self
         return update
 
@@ -159,6 +197,15 @@ class RunResult:
                 self._by_rank.setdefault(int(r["rank"]), []).append(r)
             self._indexed += len(new)
             return self._by_rank
+
+    def attempts(self) -> list[AttemptRow]:
+        """One row per worker group Ray Train started for the run (one without restarts): where
+        it ran, its ``MEGASCALE_*`` values per rank, why it ended and the seconds lost (see
+        :func:`~raytpu_lab.train.attempts.attempt_rows`)."""
+        ended = None if not self.wall_s else (
+            "failed" if self.error else "stopped" if self.stopped else "finished")
+        return attempt_rows(self.restarts, self.workers, self.records, wall_s=self.wall_s,
+                            ended=ended)
 
     @property
     def num_workers(self) -> int:
@@ -194,7 +241,8 @@ class RunResult:
         """Rank 0's last report: what the training function passed to ``ray.train.report``
         (without the ``report``, ``rank`` and ``time_s`` keys of :attr:`records`)."""
         rows = self.rank0()
-        return ({k: v for k, v in rows[-1].items() if k not in ("report", "rank", "time_s")}
+        return ({k: v for k, v in rows[-1].items()
+                 if k not in ("report", "rank", "time_s", "attempt")}
                 if rows else {})
 
     def metric(self, key: str) -> list[float]:
@@ -226,6 +274,46 @@ class RunResult:
             raise ValueError(f"to_pandas({what!r}): pick 'records', 'placement' or 'logs'")
         return pd.DataFrame.from_records(rows)
 
+    def goodput(self, rank: int = 0) -> Goodput:
+        """Where the wall time went (seconds per part of
+        :data:`~raytpu_lab.train.goodput.GOODPUT_PARTS`), from rank ``rank``'s timestamps (see
+        :mod:`raytpu_lab.train.goodput`); all ``other`` until that rank's function ended."""
+        row = self.timings.get(rank)
+        if row is None:
+            return split_goodput(self.wall_s, placed_s=self.placed_s, process_start_s=None,
+                                 fn_start_s=None, fn_end_s=None)
+        t0 = self.launched_at
+
+        def rel(t: float | None) -> float | None:
+            return None if t is None else t - t0
+
+        return split_goodput(
+            self.wall_s, placed_s=self.placed_s, process_start_s=rel(row["process_start"]),
+            fn_start_s=rel(row["fn_start"]), fn_end_s=rel(row["fn_end"]),
+            reports=[(s - t0, e - t0, bool(c)) for s, e, c in row["reports"]])
+
+    def mfu(self, flops_per_step: float | None = None) -> Mfu:
+        """Model FLOPs utilisation (see :mod:`raytpu_lab.train.mfu`): FLOPs per step from
+        ``flops_per_step`` (all chips), else :attr:`flops_per_step`, else the last
+        ``flops_per_step`` metric rank 0 reported (XLA's count, :func:`~raytpu_lab.train.mfu.xla_flops`);
+        seconds per step from :attr:`steps_per_s` (per report when there is no ``step`` key);
+        chips: the shape's chips times the slices. On CPU devices (the emulator) it gives the
+        FLOP/s and no percentage.
+
+        Raises:
+            ValueError: ``flops_per_step`` is negative.
+        """
+        source = "user" if flops_per_step is not None or self.flops_per_step is not None else ""
+        flops = flops_per_step if flops_per_step is not None else self.flops_per_step
+        if flops is None:
+            reported = self.metric("flops_per_step")
+            flops, source = (float(reported[-1]), "xla") if reported else (None, "")
+        rate = self.steps_per_s
+        emulated = any(t.get("cpu_devices") for t in self.timings.values())
+        return compute_mfu(flops, 1.0 / rate if rate > 0 else None,
+                           chips=self.shape.num_chips * self.num_slices,
+                           version=self.shape.version, emulated=emulated, source=source)
+
     def summary(self) -> RunSummary:
         """A JSON-able summary: wall time, steps, steps/s, final metrics, slices, storage.
 
@@ -237,7 +325,9 @@ class RunResult:
                 "slices": self.slice_names, "workers": self.num_workers,
                 "wall_s": round(self.wall_s, 1), "steps": self.steps, "counts": self.counts,
                 "steps_per_s": round(self.steps_per_s, 2), "final_metrics": self.final_metrics,
-                "storage_path": self.storage_path, "error": self.error, "stopped": self.stopped}
+                "storage_path": self.storage_path, "error": self.error, "stopped": self.stopped,
+                "goodput": self.goodput().to_dict(), "mfu": self.mfu().to_dict(),
+                "restarts": len(self.restarts)}
 
     def __repr__(self) -> str:
         state = "failed" if self.error else "stopped" if self.stopped else "finished"

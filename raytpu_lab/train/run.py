@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import ray
 from ray.util.queue import Empty, Queue
@@ -30,7 +31,7 @@ from ray.util.queue import Empty, Queue
 from raytpu_lab import _ray_private
 from raytpu_lab.errors import TrainingError
 from raytpu_lab.state.fetch import fetch_placement_group_states
-from raytpu_lab.train.protocols import LogBatch, RunEvent
+from raytpu_lab.train.protocols import LogBatch, RestartEvent, RestartRow, RunEvent
 from raytpu_lab.train.result import RunResult, RunUpdate
 
 __all__ = ["RunHandle", "RunListener", "RunUpdate", "STOP_TIMEOUT_S", "wait_for_event"]
@@ -71,37 +72,29 @@ class RunHandle:
                  logs: Queue, *, listeners: Sequence[RunListener] = (),
                  on_slices: Callable[[list[str], list[str]], None] | None = None,
                  on_finish: Callable[[RunHandle], None] | None = None,
-                 find_slices: Callable[[], tuple[list[str], list[str]]] | None,
+                 find_slices: Callable[[set[str]], tuple[list[str], list[str]]] | None,
                  poll_interval_s: float, mute_driver_logs: bool,
                  error_text: Callable[[BaseException], str],
-                 known_pgs: set[str] | None = None) -> None:
+                 known_pgs: set[str] | None = None, fail_fast: bool = True) -> None:
         self.name = name
         self.result = result
-        self._fit = fit
-        self._events = events
-        self._logs = logs
+        self._fit, self._events, self._logs = fit, events, logs
         self._listeners = list(listeners)
-        self._on_slices = on_slices
-        self._on_finish = on_finish
-        self._find_slices = find_slices
-        self._poll_interval_s = poll_interval_s
-        self._mute = mute_driver_logs
+        self._on_slices, self._on_finish, self._find_slices = on_slices, on_finish, find_slices
+        self._poll_interval_s, self._mute = poll_interval_s, mute_driver_logs
         self._error_text = error_text
         self._controller: Any = None
         self._pg_ids: list[str] = []
         self._known_pgs = set(known_pgs or ())
         self._pids: set[str] = set()
-        self._job_id: str | None
-        try:
-            self._job_id = ray.get_runtime_context().get_job_id()
-        except Exception:
-            self._job_id = None  # the workers' pids, as Ray's log batches carry them
-        self._stop_requested = threading.Event()
+        self._job_id = _job_id()
+        self._stop_requested, self._fit_done, self._done = (threading.Event() for _ in range(3))
         self._failing = threading.Event()  # a rank raised: the run is being ended by us
-        self._fit_done = threading.Event()
-        self._done = threading.Event()
         self._stop_lock = threading.Lock()
-        self._start = time.monotonic()
+        self._start, self._start_epoch = time.monotonic(), time.time()
+        self.result.launched_at = self._start_epoch  # the workers' timestamps are epoch seconds
+        self._fail_fast_on = fail_fast  # off with a restart budget: Ray Train restarts instead
+        self._attempt, self._refind_slices = 0, False  # restarts so far; find slices again
         self.listener_error: str | None = None
         self.failure: Exception | None = None
         self._fit_thread = threading.Thread(target=self._run_fit, name=f"raytpu-fit-{name}",
@@ -172,8 +165,8 @@ class RunHandle:
         group down gracefully: each worker's shutdown hooks and ``jax.distributed.shutdown``
         (up to 30 s, ``JAX_DISTRIBUTED_SHUTDOWN_TIMEOUT_S``), while ranks still blocked in a
         collective with the failed one wait for it; a failure took over a minute to end the
-        cell. No retry is lost: our runs have ``max_failures=0``, so the run fails anyway. The
-        abort runs in its own thread (the drain thread keeps delivering updates meanwhile)."""
+        cell. No retry is lost: only runs with ``max_failures=0`` do this (a run with a restart
+        budget is left to Ray Train, which restarts it), and those fail anyway. The abort runs in its own thread (the drain thread keeps delivering updates meanwhile)."""
         self._failing.set()
         threading.Thread(target=self._abort, args=(STOP_TIMEOUT_S,),
                          name=f"raytpu-fail-{self.name}", daemon=True).start()
@@ -254,7 +247,8 @@ class RunHandle:
             self._fit_done.set()
 
     def _drain_loop(self) -> None:
-        mute = _ray_private.muted_worker_logs(self._is_ours) if self._mute else None
+        mute = _ray_private.muted_worker_logs(
+            functools.partial(_is_runs_log, self._pids, self._job_id)) if self._mute else None
         try:
             if mute is not None:
                 mute.__enter__()
@@ -285,20 +279,6 @@ class RunHandle:
                 unmute.daemon = True
                 unmute.start()
 
-    def _is_ours(self, batch: dict[str, Any]) -> bool:
-        """A log batch Ray would print for this run: its workers' or controller's pids, or, since
-        a worker can print (and fail) before its placement row reaches us, any Ray Train
-        worker or controller of this job while the run lives. Also the autoscaler's "No
-        available node types can fulfill placement group requests" while a slice is being
-        placed: on the emulator (no autoscaler) and while a reservation's other slices are
-        fenced (pending on purpose) it only misleads; a run that cannot be placed says so itself."""
-        if str(batch.get("pid")) in self._pids:
-            return True
-        if batch.get("pid") == "autoscaler":
-            return any(_UNPLACEABLE in str(line) for line in batch.get("lines") or [])
-        return (batch.get("job") == self._job_id
-                and str(batch.get("actor_name") or "").startswith(_TRAIN_ACTORS))
-
     def _drain_once(self) -> None:
         update = RunUpdate(elapsed_s=time.monotonic() - self._start)
         for event in _take_all(self._events):
@@ -306,16 +286,18 @@ class RunHandle:
         for batch in _take_all(self._logs):
             _take_logs(batch, update)
         r = self.result
-        if update.errors and not self._failing.is_set() and not self._stop_requested.is_set() \
-                and not self._fit_done.is_set():
+        if update.errors and self._fail_fast_on and not self._failing.is_set() \
+                and not self._stop_requested.is_set() and not self._fit_done.is_set():
             self._fail_fast()
-        if self._find_slices is not None and not r.slice_names:
+        if self._find_slices is not None and (not r.slice_names or self._refind_slices):
             try:
-                slices, self._pg_ids = self._find_slices()
+                slices, pg_ids = self._find_slices(self._known_pgs)
             except Exception:  # a failed state read is retried on the next poll
-                slices = []
+                slices, pg_ids = [], []
             if slices:
+                self._pg_ids, self._refind_slices = pg_ids, False
                 update.slices = slices
+                update.placed_s = update.elapsed_s
                 if self._on_slices is not None:
                     self._on_slices(slices, self._pg_ids)
         update.slices = update.slices or list(r.slice_names)
@@ -329,19 +311,61 @@ class RunHandle:
     def _take_event(self, event: RunEvent, update: RunUpdate) -> None:
         """Sort one item of the events queue into ``update`` (and keep the controller)."""
         if event["kind"] == "reports":
+            if self._attempt:
+                for record in event["rows"]:
+                    record["attempt"] = self._attempt
             update.records.extend(event["rows"])
+        elif event["kind"] == "restart":  # the old group's placement groups are Ray Train's
+            self._attempt += 1
+            self._known_pgs |= set(self._pg_ids)
+            self._refind_slices = True  # the new group's slices are looked for again
+            update.restarts.append(_restart_row(event, self._start_epoch))
         elif event["kind"] == "controller":
             self._controller = event["handle"]
             self._pids.add(str(event["pid"]))
         elif event["kind"] == "tap":
             for row in event["rows"]:
                 if row["kind"] == "placement":
+                    if self._attempt:
+                        cast(dict[str, Any], row)["attempt"] = self._attempt
                     update.workers.append(row)
                     self._pids.add(str(row["pid"]))
                 elif row["kind"] == "error":
                     update.errors.append(row)
+                elif row["kind"] == "timing":
+                    update.timings.append(row)
                 elif row["kind"] == "summary":
                     self.result.worker_summaries[int(row["rank"])] = dict(row["summary"])
+
+
+def _is_runs_log(pids: set[str], job_id: str | None, batch: dict[str, Any]) -> bool:
+    """A log batch Ray would print for this run: its workers' or controller's pids, or, since
+    a worker can print (and fail) before its placement row reaches us, any Ray Train
+    worker or controller of this job while the run lives. Also the autoscaler's "No
+    available node types can fulfill placement group requests" while a slice is being
+    placed: on the emulator (no autoscaler) and while a reservation's other slices are
+    fenced (pending on purpose) it only misleads; a run that cannot be placed says so itself."""
+    if str(batch.get("pid")) in pids:
+        return True
+    if batch.get("pid") == "autoscaler":
+        return any(_UNPLACEABLE in str(line) for line in batch.get("lines") or [])
+    return (batch.get("job") == job_id
+            and str(batch.get("actor_name") or "").startswith(_TRAIN_ACTORS))
+
+
+def _job_id() -> str | None:
+    """This driver's Ray job id (Ray's log batches carry it), ``None`` when not connected."""
+    try:
+        return str(ray.get_runtime_context().get_job_id())
+    except Exception:
+        return None
+
+
+def _restart_row(event: RestartEvent, start_epoch: float) -> RestartRow:
+    """A restart event as the result keeps it (seconds since launch, from epoch seconds)."""
+    return {"at_s": float(event["time"]) - start_epoch, "state": str(event["state"]),
+            "errors": {int(k): str(v) for k, v in event["errors"].items()},
+            "error": str(event["error"])}
 
 
 _UNPLACEABLE = "No available node types can fulfill placement group requests"

@@ -34,6 +34,7 @@ from raytpu_lab.reservations.slices import Reservation, diagnose
 from raytpu_lab.state.fetch import fetch_raw_state
 from raytpu_lab.state.snapshot import ClusterSnapshot
 from raytpu_lab.tpu.topology import SliceShape
+from raytpu_lab.train.board import RunBoard
 from raytpu_lab.train.launch import start_jax
 from raytpu_lab.train.profile import ProfileWindow
 from raytpu_lab.train.profile_analysis import ProfileReport
@@ -60,7 +61,7 @@ def _start_jax(run: CheckedRun, name: str, *, snapshot: Callable[[], ClusterSnap
     assert run.spec.train_fn is not None
     return start_jax(run.spec.train_fn, run.shape, name=name, num_slices=run.spec.slices,
                      config=run.config, storage_path=run.spec.storage_path, profile=run.window,
-                     snapshot=snapshot, **kwargs)
+                     max_failures=run.spec.max_failures, snapshot=snapshot, **kwargs)
 
 
 def _start_torch(run: CheckedRun, name: str, *, snapshot: Callable[[], ClusterSnapshot],
@@ -70,7 +71,8 @@ def _start_torch(run: CheckedRun, name: str, *, snapshot: Callable[[], ClusterSn
     return start_torch(s.train_fn, run.shape, name=name, num_slices=s.slices, config=run.config,
                        backend=s.backend, chips_per_worker=s.chips_per_worker,
                        emulated=is_emulated(snapshot(), run.shape), storage_path=s.storage_path,
-                       profile=run.window, snapshot=snapshot, **kwargs)
+                       profile=run.window, max_failures=s.max_failures, snapshot=snapshot,
+                       **kwargs)
 
 
 TRAINERS: dict[TrainerKind, TrainerFactory] = {"jax": _start_jax, "torch": _start_torch}
@@ -183,7 +185,8 @@ class Runs:
 
         if loan is not None:
             loan.begin(abort=abort)
-        listeners = [x for x in (_OnRecords(on_records) if on_records else None, listener)
+        board = RunBoard(name, spec.trainer)  # listed and stoppable from the Lab sidebar
+        listeners = [x for x in (_OnRecords(on_records) if on_records else None, listener, board)
                      if x is not None]
         try:
             handle = self._trainers[spec.trainer](
@@ -194,6 +197,7 @@ class Runs:
                 loan.end()
             raise
         box.append(handle)
+        board.attach(handle)
         if abort_wanted.is_set():  # the loan gave up before the handle existed
             threading.Thread(target=handle.stop, daemon=True).start()
         return handle

@@ -27,7 +27,8 @@ from raytpu_lab.train.torch_checks import (
 )
 from raytpu_lab.train.worker_tap import accepts_config, check_names
 
-__all__ = ["CheckedRun", "ProfileArg", "RunSpec", "TRAINER_KINDS", "TrainerKind", "validate"]
+__all__ = ["CheckedRun", "ProfileArg", "RunSpec", "TRAINER_KINDS", "TrainerKind",
+           "check_max_failures", "max_failures_of", "validate"]
 
 TrainerKind = Literal["jax", "torch"]
 TRAINER_KINDS: tuple[TrainerKind, ...] = get_args(TrainerKind)
@@ -54,6 +55,10 @@ class RunSpec:
         wait_s: Seconds to wait for idle slices (or, with ``reservation``, for the run to land).
         backend: Torch only: process-group backend (``"xla"``, ``"tpu_dist"``, ``"gloo"``).
         chips_per_worker: Torch only: TPU chips per worker.
+        max_failures: Restarts Ray Train may make after a worker group fails (a rank raised,
+            a host died): Ray Train's ``FailureConfig(max_failures=...)``; 0 (the default): none,
+            -1: without limit. Each restart starts a new worker group on slices Ray picks
+            again (see :class:`~raytpu_lab.train.result.Attempt`).
     """
 
     trainer: TrainerKind
@@ -69,6 +74,7 @@ class RunSpec:
     wait_s: float = 60.0
     backend: str | None = None
     chips_per_worker: int = 1
+    max_failures: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,7 @@ def validate(spec: RunSpec) -> CheckedRun:
         InvalidTopologyError: Bad generation or topology (``.nearest``: valid ones nearby).
         RaytpuError: ``slices`` is not a finite number above 0, or ``trainer`` is none of
             :data:`TRAINER_KINDS`.
+        TrainingConfigError: ``max_failures`` is not a whole number of -1 or more.
         TrainingConfigError: A bad profile window or config; for torch, torch/torch_xla missing
             or mismatched, a bad backend or chips per worker not dividing a host's chips; a
             function Ray Train cannot call, or one that reads a name defined nowhere (see
@@ -119,6 +126,7 @@ def validate(spec: RunSpec) -> CheckedRun:
                           fix=f"Use one of {', '.join(TRAINER_KINDS)}.")
     shape = SliceShape.of(spec.version, spec.topology)
     require_positive("slices", spec.slices)
+    check_max_failures(spec.max_failures)
     window = parse_profile_window(spec.profile) if spec.profile is not None else None
     _require_config_dict(spec.config)
     if spec.trainer == "torch":
@@ -131,6 +139,45 @@ def validate(spec: RunSpec) -> CheckedRun:
         accepts_config(spec.train_fn)
         check_names(spec.train_fn)
     return CheckedRun(spec, shape, window, num_workers)
+
+
+def check_max_failures(value: Any) -> int:
+    """``value`` as Ray Train's ``FailureConfig.max_failures``: a whole number, -1 (no limit) or
+    more; returns it.
+
+    Raises:
+        TrainingConfigError: Anything else (a bool, a float, a string, below -1).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise TrainingConfigError(
+            f"max failures is {value!r}, not a whole number of -1 or more.",
+            why="Ray Train restarts a failed run at most that many times (-1: without limit, "
+                "0: never).",
+            fix=("Pass e.g. ", opt("max_failures", 1), "."))
+    return value
+
+
+def max_failures_of(max_failures: int = 0, failure_config: Any = None) -> int:
+    """The restart budget of a run asked as ``max_failures=`` or ``failure_config=`` (Ray Train's
+    ``FailureConfig``, read by its ``max_failures`` attribute; no Ray import here).
+
+    Raises:
+        TrainingConfigError: Both given with different budgets, a ``failure_config`` without
+            ``max_failures``, or a bad budget (:func:`check_max_failures`).
+    """
+    if failure_config is None:
+        return check_max_failures(max_failures)
+    budget = getattr(failure_config, "max_failures", None)
+    if budget is None:
+        raise TrainingConfigError(
+            f"failure_config is a {type(failure_config).__name__}, which has no max_failures.",
+            why="Runs take their restart budget from Ray Train's FailureConfig.",
+            fix="Pass ray.train.FailureConfig(max_failures=N), or max_failures=N alone.")
+    if max_failures not in (0, budget):
+        raise TrainingConfigError(
+            f"max_failures={max_failures!r} and failure_config.max_failures={budget!r} differ.",
+            why="A run has one restart budget.", fix="Give one of them.")
+    return check_max_failures(budget)
 
 
 def _require_config_dict(config: Any) -> None:

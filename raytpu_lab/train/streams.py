@@ -128,7 +128,7 @@ def placement_table(workers: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
     return rows
 
 
-_META_KEYS = ("report", "rank", "time_s")
+_META_KEYS = ("report", "rank", "time_s", "attempt")
 
 
 def numeric_keys(records: Iterable[dict[str, Any]]) -> list[str]:

@@ -124,6 +124,7 @@ def start_torch(
     emulated: bool = False,
     storage_path: str | None = None,
     profile: ProfileWindow | None = None,
+    max_failures: int = 0,
     **kwargs: Any,
 ) -> RunHandle:
     """Start ``train_fn`` with ``TorchTrainer`` on every chip of ``num_slices`` slices; returns
@@ -145,6 +146,8 @@ def start_torch(
         profile: Steps to trace with ``torch_xla``'s profiler on every worker (see
             :mod:`raytpu_lab.train.profile` for what such a trace holds); traces go to
             ``<run storage>/profile/``.
+        max_failures: Ray Train's ``FailureConfig(max_failures=...)`` (restarts after a
+            worker group failure; -1: no limit).
         kwargs: ``snapshot``, ``on_placement``, ``on_finish``, ``listeners``,
             ``mute_driver_logs``... as for :func:`~raytpu_lab.train.launch.start_run`.
 
@@ -159,10 +162,10 @@ def start_torch(
         train_fn = with_profiler(train_fn, profile, "torch_xla")
     pg_backend, pjrt_device = resolve_backend(backend, emulated)
     # Ray Train's v2 classes load here, after the checks: they import torch.
-    from ray.train.v2.api.config import RunConfig, ScalingConfig
+    from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.torch.torch_trainer import TorchTrainer
 
-    from raytpu_lab.train.launch import start_run
+    from raytpu_lab.train.launch import start_run, user_flops
     from raytpu_lab.train.torch_backend import TorchXlaConfig
     from raytpu_lab.train.torch_xla_utils import xla_metrics
 
@@ -173,11 +176,14 @@ def start_torch(
             scaling_config=ScalingConfig(
                 use_tpu=True, topology=shape.topology, accelerator_type=shape.accelerator_type,
                 num_workers=num_workers, resources_per_worker={"TPU": chips_per_worker}),
-            run_config=RunConfig(name=name, storage_path=storage_path, callbacks=callbacks))
+            run_config=RunConfig(name=name, storage_path=storage_path, callbacks=callbacks,
+                                 failure_config=FailureConfig(max_failures=max_failures)))
 
     result = TorchRunResult(name=name, shape=shape, num_slices=num_slices, backend=pg_backend,
                             pjrt_device=pjrt_device, chips_per_worker=chips_per_worker,
                             requested_backend=backend)
+    result.flops_per_step = user_flops(config)
     return start_run(make_trainer, shape, name=name, num_slices=num_slices, train_fn=train_fn,
-                     result=result, worker_summary=xla_metrics, **kwargs)
+                     result=result, worker_summary=xla_metrics, max_failures=max_failures,
+                     **kwargs)
 

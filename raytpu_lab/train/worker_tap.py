@@ -40,7 +40,7 @@ from typing import Any
 
 from raytpu_lab.errors import TrainingConfigError
 from raytpu_lab.tpu.labels import LABEL_SLICE, LABEL_WORKER
-from raytpu_lab.train.protocols import ErrorRow, LogBatch, PlacementRow, TapEvent, TapRow
+from raytpu_lab.train.protocols import ErrorRow, LogBatch, PlacementRow, TapEvent, TapRow, TimingRow
 
 __all__ = ["accepts_config", "check_names", "tap_train_fn", "SLICE_LABEL", "WORKER_ID_LABEL"]
 
@@ -162,12 +162,15 @@ def tap_train_fn(train_fn: Callable[..., Any], events: Any, logs: Any, *,
     takes_config = accepts_config(train_fn)
 
     def run(config: Any) -> Any:
+        fn_start = time.time()
         info = _placement()
         _put(events, _tap(info))
         tee = _Tee(info["rank"], logs, flush_interval_s, max_lines_per_flush)
         tee.start()
+        timing = _ReportTimer(info["rank"], fn_start)
         try:
-            return train_fn(config) if takes_config else train_fn()
+            with timing:
+                return train_fn(config) if takes_config else train_fn()
         except BaseException as err:
             error: ErrorRow = {
                 "kind": "error", "rank": info["rank"], "node_id": info["node_id"],
@@ -178,6 +181,7 @@ def tap_train_fn(train_fn: Callable[..., Any], events: Any, logs: Any, *,
             _put(events, _tap(error))
             raise
         finally:
+            _put(events, _tap(timing.row()))
             if worker_summary is not None:
                 _send_summary(events, info["rank"], worker_summary)
             tee.stop()
@@ -192,6 +196,58 @@ def tap_train_fn(train_fn: Callable[..., Any], events: Any, logs: Any, *,
     def without_config() -> Any:
         return run(None)
     return without_config
+
+
+class _ReportTimer:
+    """While the function runs, times every ``ray.train.report`` call through Ray Train's own
+    hook point (:func:`raytpu_lab._ray_private.wrap_train_report`, which also sees a ``report``
+    imported from ``ray.train``): the function itself is unchanged. Outside a Ray Train worker
+    nothing is timed."""
+
+    def __init__(self, rank: int, fn_start: float) -> None:
+        self.rank = rank
+        self.fn_start = fn_start
+        self.fn_end: float | None = None
+        self.reports: list[tuple[float, float, bool]] = []
+        self._undo: Callable[[], None] | None = None
+
+    def _around(self, report: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        start = time.time()
+        try:
+            return report(*args, **kwargs)
+        finally:
+            checkpoint = kwargs.get("checkpoint", args[1] if len(args) > 1 else None)
+            self.reports.append((start, time.time(), checkpoint is not None))
+
+    def __enter__(self) -> _ReportTimer:
+        try:
+            from raytpu_lab import _ray_private
+
+            self._undo = _ray_private.wrap_train_report(self._around)
+        except Exception:  # outside a Ray Train worker: nothing to time
+            self._undo = None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.fn_end = time.time()
+        if self._undo is not None:
+            self._undo()
+
+    def row(self) -> TimingRow:
+        return {"kind": "timing", "rank": self.rank, "process_start": _process_start(),
+                "fn_start": self.fn_start, "fn_end": self.fn_end, "reports": list(self.reports),
+                "cpu_devices": os.environ.get("JAX_PLATFORMS", "").lower() == "cpu"
+                or os.environ.get("PJRT_DEVICE", "").upper() == "CPU"}
+
+
+def _process_start() -> float | None:
+    """When this worker process was created (epoch seconds), or ``None`` if unknown."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:
+        return None
 
 
 def _send_summary(events: Any, rank: int, worker_summary: Callable[[], dict[str, Any]]) -> None:

@@ -150,8 +150,32 @@ class ProfileView:
         fig = json.loads(self.figure().to_json())
         fig.get("layout", {}).pop("template", None)
         fig["config"] = {"displaylogo": False, "responsive": True}
-        return {"application/vnd.plotly.v1+json": fig,
+        return {"application/vnd.plotly.v1+json": fig, "image/svg+xml": self.breakdown_svg(),
                 "text/plain": f"profile of steps {r.window[0]}:{r.window[1]} (plotly chart)"}
+
+    def breakdown_svg(self) -> str:
+        """The per-host breakdown as stacked bars in one SVG document (seconds), the image that
+        viewers without plotly's renderer (nbconvert, GitHub, VS Code) show for the figure."""
+        totals = self.report.host_totals()
+        longest = max((sum(float(t[key]) for key, _, _ in PARTS) for t in totals), default=0.0)
+        scale = 300.0 / longest if longest > 0 else 0.0
+        width, height = 480, 30 + 22 * len(totals)
+        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+               f'font-family="sans-serif" font-size="11"><text x="4" y="14">traced steps '
+               f'{self.report.window[0]}:{self.report.window[1]}, per host (s); longest '
+               f'{longest:.3f} s</text>']
+        for row, t in enumerate(totals):
+            y, x = 24 + 22 * row, 150.0
+            out.append(f'<text x="4" y="{y + 13}">{escape(str(t["host"]))}</text>')
+            for key, name, color in PARTS:
+                w = float(t[key]) * scale
+                if w > 0:
+                    out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="16" '
+                               f'fill="{color}"><title>{escape(name)}: {float(t[key]):.4f} s'
+                               f'</title></rect>')
+                    x += w
+        out.append("</svg>")
+        return "".join(out)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

@@ -113,11 +113,12 @@ class RunDashboard:
         self.chart = LiveChart(self._chart_series, title=self.title, lock=self._lock)
         self.chart.observe(self._key_changed, names="key")
         self.placement = w.HTML(self.view.placement_html())
+        self.restarts = w.HTML("")  # the attempts, once Ray Train restarted the run
         self._logs = _LogPanes(self.view, self._lock, self.show_error)
         self.log_panes = self._logs.accordion
         self.summary = w.HTML("")
         self.widget = w.VBox([
-            w.HBox([self.stop_button, self.status]), self.message, self.chart,
+            w.HBox([self.stop_button, self.status]), self.message, self.chart, self.restarts,
             w.HTML("<b>Placement</b>"), self.placement, w.HTML("<b>Logs</b> (last lines per rank)"),
             self.log_panes, self.summary], layout=w.Layout(width="100%"))
         self.widget.add_class("raytpu-dashboard")
@@ -191,7 +192,8 @@ class RunDashboard:
                 view.state = "running"
             if update.records:
                 self._dirty_chart = True
-            if update.workers or update.errors or update.slices != self._drawn_slices:
+            if update.workers or update.errors or update.restarts \
+                    or update.slices != self._drawn_slices:
                 self._drawn_slices = list(update.slices)
                 self._dirty_table = True
             if update.logs or update.dropped:
@@ -234,6 +236,7 @@ class RunDashboard:
                 self.redraws += 1
             if self._dirty_table:
                 self.placement.value = self.view.placement_html()
+                self.restarts.value = self.view.restarts_html()
                 if self.view.errors:
                     self.message.value = self.view.errors_html()
                 self._dirty_table = False

@@ -21,6 +21,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from raytpu_lab.train.attempts import restart_lines
 from raytpu_lab.train.protocols import ErrorRow, PlacementRow, Record
 from raytpu_lab.train.result import RunResult
 from raytpu_lab.train.streams import (
@@ -32,6 +33,7 @@ from raytpu_lab.train.streams import (
     placement_table,
 )
 from raytpu_lab.widgets.chart_svg import PALETTE, render_chart_svg
+from raytpu_lab.widgets.goodput_svg import render_goodput_svg
 from raytpu_lab.widgets.run_chart import FIXED_PANELS, PANEL_TITLES
 from raytpu_lab.widgets.svg import svg_img
 
@@ -145,8 +147,12 @@ class RunView:
         count, rate, what = (r.steps, r.steps_per_s, r.counts) if r is not None else (0, 0.0,
                                                                                        "reports")
         where = f" on {', '.join(self.slices)}" if self.slices else ""
-        return (f"run {self.title!r} {self.state}{where}: {self.elapsed_s:.0f} s, "
-                f"{count} {what}, {rate:.2f} {what}/s, {len(self.workers)} workers")
+        restarts = len(r.restarts) if r is not None else 0
+        again = f" (attempt {restarts + 1}, {restarts} restart{'s' * (restarts > 1)})" \
+            if restarts else ""
+        workers = len({w["rank"] for w in self.workers})
+        return (f"run {self.title!r} {self.state}{again}{where}: {self.elapsed_s:.0f} s, "
+                f"{count} {what}, {rate:.2f} {what}/s, {workers} workers")
 
     def status_html(self) -> str:
         color = {"failed": "#b00020", "stopped": "#a15c00", "finished": "#1b5e20"}.get(
@@ -164,6 +170,28 @@ class RunView:
             + "".join(f"<td>{html.escape('' if r[c] is None else str(r[c]))}</td>"
                       for c in PLACEMENT_COLUMNS) + "</tr>" for r in rows)
         return f"{STYLE}<div class='raytpu-dash'><table><tr>{head}</tr>{body}</table></div>"
+
+    def restarts_html(self) -> str:
+        """The run's attempts when Ray Train restarted it (``""`` without a restart): per attempt
+        its slices, how it ended, the cause (which rank, host and slice failed) and the seconds
+        lost."""
+        r = self.result
+        if r is None or not r.restarts:
+            return ""
+        head = "".join(f"<th>{c}</th>" for c in
+                       ("attempt", "slices", "from s", "to s", "outcome", "cause", "lost s"))
+        body = "".join(
+            f"<tr{' class=raytpu-err' if a['outcome'] == 'restarted' else ''}>" + "".join(
+                f"<td>{html.escape('' if v is None else str(v))}</td>" for v in (
+                    a["attempt"], ", ".join(a["slices"]), a["started_s"], a["ended_s"],
+                    a["outcome"], a["cause"], a["lost_s"])) + "</tr>"
+            for a in r.attempts())
+        return (f"{STYLE}<div class='raytpu-dash raytpu-restarts'><b>Restarts</b> "
+                f"({len(r.restarts)})<table><tr>{head}</tr>{body}</table></div>")
+
+    def restart_text(self) -> str:
+        """The restarts as text lines (``""`` without one)."""
+        return "\n".join(restart_lines(self.result.attempts())) if self.result is not None else ""
 
     def errors_html(self) -> str:
         parts = []
@@ -183,13 +211,18 @@ class RunView:
         rows: list[tuple[str, Any]] = [
             ("state", self.state), ("wall time", f"{s['wall_s']} s"), (s["counts"], s["steps"]),
             (f"{s['counts']}/s", s["steps_per_s"]), ("final metrics", s["final_metrics"]),
-            ("slices", ", ".join(s["slices"])),
+            ("slices", ", ".join(s["slices"])), ("restarts", s.get("restarts", 0)),
             ("storage (checkpoints, results, traces)", s["storage_path"] or "-")]
+        goodput = r.goodput()
+        rows.append(("goodput", goodput.text()))
+        rows.append(("MFU", r.mfu().text()))
         if r.error:
             rows.append(("error", r.error.splitlines()[0]))
         body = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                        for k, v in rows)
-        return f"{STYLE}<div class='raytpu-dash'><b>Summary</b><table>{body}</table></div>"
+        bar = svg_img(render_goodput_svg(goodput), "goodput: where the wall time went")
+        return (f"{STYLE}<div class='raytpu-dash'><b>Summary</b><table>{body}</table>"
+                f"<div class='raytpu-goodput'>{bar}</div></div>")
 
     # -- static chart --------------------------------------------------------------------------
 
@@ -265,7 +298,8 @@ class RunView:
             parts.append(self.errors_html())
         if chart and self.rows():
             parts.append(svg_img(self.static_svg(), "metrics of every rank"))
-        parts += ["<b>Placement</b>", self.placement_html(), self.summary_html(),
+        parts += [self.restarts_html(), "<b>Placement</b>", self.placement_html(),
+                  self.summary_html(),
                   "<b>Logs</b> (last lines per rank)"]
         for rank in self.logs.ranks:
             parts.append(f"<details><summary>{html.escape(self.log_title(rank))}</summary>"

@@ -274,6 +274,13 @@ class TopologyMap(anywidget.AnyWidget):
 
     # --- display ---------------------------------------------------------------------------------
 
+    def static_bundle(self) -> dict[str, str]:
+        """The map's last snapshot without the widget: ``text/plain`` (status table) and
+        ``text/html`` (static SVG map), what a frozen view of it is replaced by."""
+        snap = self._snapshot or ClusterSnapshot(0.0, [], [], None)
+        return {"text/plain": render_status_text(snap),
+                "text/html": render_status_html(snap, self.highlight, dcn=self.dcn)}
+
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, object], dict[str, object]]:
         """The widget view plus ``text/plain`` (status table) and ``text/html`` (static SVG map).
 
@@ -284,7 +291,5 @@ class TopologyMap(anywidget.AnyWidget):
         """
         bundle = super()._repr_mimebundle_(**kwargs)
         data, metadata = bundle if isinstance(bundle, tuple) else (bundle or {}, {})
-        snap = self._snapshot or ClusterSnapshot(0.0, [], [], None)
-        data = {**data, "text/plain": render_status_text(snap),
-                "text/html": render_status_html(snap, self.highlight, dcn=self.dcn)}
+        data = {**data, **self.static_bundle()}
         return data, metadata

@@ -1,6 +1,8 @@
 """A private JupyterLab server on 127.0.0.1 for the real-browser tests.
 
-Everything the server and its kernels touch is fresh and private to one test module: config, data,
+One server per test session (:func:`lab_server`), handed to each module with no session or kernel
+and checked afterwards that the module's kernels are gone. Everything the server and its kernels
+touch is fresh and private to the session: config, data,
 runtime and settings folders, a kernelspec pinned to this venv's Python. The emulator's state root
 (``RAYTPU_EMULATOR_ROOT``) is the test session's own (tests/conftest.py), so a notebook's ``%raytpu
 up`` joins the session's shared cluster when the test asked for it and never meets a user's. The
@@ -58,7 +60,8 @@ class LabServer:
     def api(self, path: str, method: str = "GET") -> object:
         req = urllib.request.Request(f"{self.url}{path}", method=method,
                                      headers={"Authorization": f"token {self.token}"})
-        with urllib.request.urlopen(req, timeout=5) as resp:
+        # 30 s: on a busy 2-core machine a server shutting kernels down answers late
+        with urllib.request.urlopen(req, timeout=30) as resp:
             body = resp.read()
         return json.loads(body) if body else None
 
@@ -86,7 +89,15 @@ def _write_private_jupyter_dirs(base: Path) -> dict[str, str]:
         "language": "python",
         "metadata": {"debugger": False},
     }))
+    # This checkout's "Ray TPU" sidebar (its committed build) and server extension, found before
+    # any installed copy: JUPYTER_PATH and JUPYTER_CONFIG_DIR come first in Jupyter's search.
+    labext = base / "share" / "labextensions"
+    labext.mkdir(parents=True)
+    (labext / "raytpu-sidebar").symlink_to(REPO / "raytpu_lab" / "jupyter" / "labextension")
     config = base / "config"
+    (config / "jupyter_server_config.d").mkdir(parents=True)
+    (config / "jupyter_server_config.d" / "raytpu_lab.json").write_text(
+        (REPO / "jupyter-config" / "server-config" / "raytpu_lab.json").read_text())
     (config / "labconfig").mkdir(parents=True)
     (config / "labconfig" / "page_config.json").write_text(json.dumps({
         # No "get official Jupyter news?" toast and no fetch of the news feed.
@@ -167,8 +178,8 @@ def _kill(procs: list[psutil.Process]) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
-@pytest.fixture(scope="module")
-def lab_server() -> Iterator[LabServer]:
+@contextlib.contextmanager
+def _serving_jupyterlab() -> Iterator[LabServer]:
     """JupyterLab on 127.0.0.1:<free port> with a random token; stopped and checked gone afterwards."""
     base = Path(tempfile.mkdtemp(prefix="raytpu-lab-"))
     root_dir = base / "notebooks"
@@ -243,6 +254,71 @@ def lab_server() -> Iterator[LabServer]:
         assert not leftovers, (
             "processes of the JupyterLab server, its kernels or its emulated cluster outlived the "
             f"test (killed now):\n{_describe(leftovers)}")
+
+
+KERNEL_STOP_TIMEOUT_S = 30.0
+
+
+def _kernel_needles(server: LabServer) -> tuple[str, ...]:
+    """What the command line of each of the server's kernels contains: its connection file."""
+    kernels = server.api("/api/kernels")
+    assert isinstance(kernels, list), kernels
+    return tuple(f"kernel-{k['id']}.json" for k in kernels)
+
+
+def _clusters_of_notebooks(emulator_root: Path) -> list[str]:
+    """Emulated clusters' folders under the session's root other than the shared cluster's
+    (tests/conftest.py names it ``"raytpu"``, :data:`raytpu_lab.cluster.emulator.DEFAULT_NAME`)."""
+    if not emulator_root.is_dir():
+        return []
+    return [d.name for d in emulator_root.iterdir() if d.is_dir() and d.name != "raytpu"]
+
+
+def stop_kernels(server: LabServer) -> None:
+    """End every session and kernel of ``server`` (what a module's notebooks started) and check
+    that their processes, and what those started, are gone within 30 s (killed and the test
+    failed otherwise): the next module meets a server with no session and no kernel, as a fresh
+    server would be."""
+    needles = _kernel_needles(server)
+    sessions = server.api("/api/sessions")
+    assert isinstance(sessions, list), sessions
+    for s in sessions:
+        with contextlib.suppress(urllib.error.HTTPError):  # ended meanwhile
+            server.api(f"/api/sessions/{s['id']}", method="DELETE")
+    for needle in _kernel_needles(server):  # kernels without a session
+        with contextlib.suppress(urllib.error.HTTPError):
+            server.api(f"/api/kernels/{needle[len('kernel-'):-len('.json')]}", method="DELETE")
+    leftovers = wait_until_gone(needles, timeout_s=KERNEL_STOP_TIMEOUT_S) if needles else []
+    _kill(leftovers)
+    if _clusters_of_notebooks(server.emulator_root):  # a notebook's own cluster, rare
+        _stop_emulated_clusters(server.emulator_root, dict(os.environ))
+    assert server.api("/api/sessions") == [] and server.api("/api/kernels") == [], (
+        "the server still lists sessions or kernels after they were shut down")
+    assert not leftovers, (
+        f"kernels of a module outlived their shutdown (killed now):\n{_describe(leftovers)}")
+
+
+@pytest.fixture(scope="session")
+def _session_lab_server() -> Iterator[LabServer]:
+    """One JupyterLab server for the whole session (a start costs seconds of both cores, its
+    stop up to a minute of waiting): see :func:`lab_server`."""
+    with _serving_jupyterlab() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def lab_server(_session_lab_server: LabServer) -> Iterator[LabServer]:
+    """The session's JupyterLab server, as a fresh one for this module: no session or kernel
+    when the module starts, and every kernel the module started shut down and checked gone when
+    it ends (:func:`stop_kernels`). The server itself is stopped, and checked gone with
+    everything it started, at the end of the session. Notebooks of earlier modules stay in
+    :attr:`LabServer.root_dir` (each module names its own)."""
+    server = _session_lab_server
+    assert server.proc.poll() is None, f"JupyterLab exited:\n{server.log_tail()}"
+    if server.api("/api/kernels") or server.api("/api/sessions"):  # an earlier failed teardown
+        stop_kernels(server)
+    yield server
+    stop_kernels(server)
 
 
 @contextlib.contextmanager

@@ -84,6 +84,11 @@ class Notebook:
                     f"kernel not idle after {timeout_s:.0f} s (toolbar: {ui}, server: {api})")
             time.sleep(0.2)
 
+    def first_line(self, i: int) -> str:
+        """Cell ``i``'s first source line, as the page shows it (any test's notebook)."""
+        lines = self.cell(i).locator(".jp-InputArea-editor .cm-line").all_inner_texts()
+        return lines[0] if lines else ""
+
     def prompt(self, i: int) -> str:
         return self.cell(i).locator(".jp-InputPrompt").inner_text().strip()
 
@@ -106,7 +111,7 @@ class Notebook:
         while not self.done(i, before):
             if time.monotonic() >= deadline:
                 raise AssertionError(
-                    f"cell {i} ({CELLS[i].splitlines()[0]!r}) still running after {timeout_s:.0f} s "
+                    f"cell {i} ({self.first_line(i)!r}) still running after {timeout_s:.0f} s "
                     f"(prompt {self.prompt(i)!r}); output so far:\n{self.output_text(i)[-2000:]}\n"
                     f"server log:\n{self.server.log_tail(2000)}")
             time.sleep(0.2)
@@ -123,7 +128,7 @@ class Notebook:
         before = self.start(i)
         self.wait_done(i, before, timeout_s)
         if check and (err := self.error(i)):
-            raise AssertionError(f"cell {i} ({CELLS[i].splitlines()[0]!r}) failed:\n{err[-3000:]}")
+            raise AssertionError(f"cell {i} ({self.first_line(i)!r}) failed:\n{err[-3000:]}")
         return self.output_text(i)
 
 

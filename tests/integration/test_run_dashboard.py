@@ -70,6 +70,17 @@ def test_records_placement_and_logs_arrive(lab: Lab) -> None:
     assert "finished" in dash.text() and dash.stop_button.disabled
     assert "storage" in dash.summary.value and result.storage_path in dash.summary.value
     assert lab.last_run is result
+
+    # Goodput: every part measured from rank 0's timestamps, together the wall time (within 5%).
+    goodput = result.goodput()
+    assert goodput.measured and set(result.timings) == {0, 1, 2, 3}
+    assert abs(sum(goodput.parts.values()) - result.wall_s) <= 0.05 * result.wall_s
+    assert goodput.parts["other"] < 0.5 * result.wall_s, goodput.text()
+    assert goodput.parts["distributed init"] > 0 and goodput.parts["first step (compile)"] > 0
+    assert 0.1 < goodput.parts["steps"] < result.wall_s  # 5 steady steps of >= 50 ms
+    assert goodput.parts["report"] > 0 and goodput.parts["checkpointing"] == 0
+    assert "goodput" in dash.summary.value and "MFU" in dash.summary.value
+    assert "CPU devices (emulated)" in result.mfu(flops_per_step=1e9).text()
     _assert_nothing_left()
 
 

@@ -98,6 +98,12 @@ def test_torch_cell_runs_one_worker_per_chip_in_sync(ip, lab: Lab) -> None:
                and m["xla_transfer_to_device_count"] > 0 for m in metrics.values())
     assert not any(t.storm for t in run.compile_trends().values())
     assert "torch_xla metrics of 8 ranks; no recompilation storm." in text, text  # the panel
+    # Goodput of a PyTorch run: measured, the parts make the wall time (within 5%).
+    goodput = run.goodput()
+    assert goodput.measured and len(run.timings) == 8
+    assert abs(sum(goodput.parts.values()) - run.wall_s) <= 0.05 * run.wall_s
+    assert goodput.parts["distributed init"] > 0 and goodput.parts["steps"] > 0, goodput.text()
+    assert run.summary()["goodput"]["parts"]["steps"] > 0
     # Nothing held afterwards.
     assert wait_until(lambda: not live_placement_groups(), 10), live_placement_groups()
     assert wait_until(lambda: live_actors() == actors_before, 10), live_actors()

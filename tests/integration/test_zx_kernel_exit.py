@@ -1,15 +1,28 @@
-"""A kernel that exits without ``%raytpu down`` leaves no emulated cluster and no process behind."""
+"""A kernel that exits without ``%raytpu down`` leaves no emulated cluster and no process behind;
+a kernel killed (``kill -9``) or interrupted while a ``%%raytpu jax`` cell runs frees the run's
+placement groups, Ray Train actors and slice within 10 s, with every core busy."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import psutil
+import pytest
+import ray
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
 
 from raytpu_lab.cluster import _process_groups, emulator
+
+from .conftest import live_actors, live_placement_groups, wait_until
 
 SCRIPT = textwrap.dedent("""
     from raytpu_lab import get_lab
@@ -41,3 +54,121 @@ def test_the_cluster_a_kernel_started_stops_when_it_exits() -> None:
     assert emulator.find("exit-test") is None
     assert not (left := _left(folder)), f"processes left: {left}"
     print(f"cluster gone {time.monotonic() - exited:.1f} s after the process exited")
+
+
+# -- a kernel killed (kill -9) or interrupted while a %%raytpu jax cell runs, on a busy machine --
+
+FREED_WITHIN_S = 10.0
+KILL_CLUSTER = "rt-kill9"
+FOREVER_CELL = """%%raytpu jax --topology 2x2x1 --version v4 --name {name}
+def forever(config):
+    import time
+    import ray.train
+    step = 0
+    while True:
+        time.sleep(0.3)
+        ray.train.report({{"step": step}})
+        step += 1
+"""
+
+
+@pytest.fixture(scope="module")
+def one_slice() -> Iterator[emulator.EmulatedCluster]:
+    if ray.is_initialized():
+        ray.shutdown()  # one driver talks to one cluster at a time
+    cluster = emulator.up([("v4:2x2x1", 1)], name=KILL_CLUSTER, timeout_s=600)
+    try:
+        from raytpu_lab.lab import Lab
+
+        Lab().connect(cluster.address)  # the emulator's token auth, as a session connects
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.down()
+
+
+def _kernel(address: str) -> tuple[KernelManager, Any]:
+    km = KernelManager(kernel_name="python3")
+    km.kernel_spec_manager = KernelSpecManager(kernel_dirs=[])  # this interpreter's ipykernel
+    km.start_kernel(env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=120)
+    reply = kc.execute_interactive(f"%load_ext raytpu_lab\n%raytpu connect {address}",
+                                   timeout=120)
+    assert reply["content"]["status"] == "ok", reply
+    return km, kc
+
+
+def _run_is_up() -> bool:
+    actors = live_actors()
+    return "RayTrainWorker" in actors and any(pg["state"] == "CREATED"
+                                              for pg in live_placement_groups())
+
+
+def _held() -> list[str]:
+    """What of a run still holds the cluster: live placement groups, Ray Train actors."""
+    return ([f"pg {pg['placement_group_id'][:8]}" for pg in live_placement_groups()]
+            + [a for a in live_actors() if a in ("RayTrainWorker", "TrainController")])
+
+
+@contextlib.contextmanager
+def _busy_loops() -> Iterator[None]:
+    """One busy-loop process per core, as on the loaded machine of the issue."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+
+
+def _freed_after(start: float) -> float:
+    while _held() and time.monotonic() - start < 60:
+        time.sleep(0.1)
+    assert not _held(), f"still held after 60 s: {_held()}"
+    return time.monotonic() - start
+
+
+def test_a_killed_kernel_frees_its_run_within_10_s_on_a_busy_machine(
+        one_slice: emulator.EmulatedCluster) -> None:
+    km, kc = _kernel(one_slice.address)
+    try:
+        kc.execute(FOREVER_CELL.format(name="kill9"))
+        assert wait_until(_run_is_up, 180), _held()
+        with _busy_loops():
+            time.sleep(1.0)
+            killed = time.monotonic()
+            os.kill(km.provisioner.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            freed_s = _freed_after(killed)
+        print(f"kill -9: run freed {freed_s:.1f} s after the kill "
+              f"(load average {os.getloadavg()[0]:.1f})")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert freed_s < FREED_WITHIN_S, f"{freed_s:.1f} s"
+
+
+def test_an_interrupted_cell_frees_its_run_within_10_s_on_a_busy_machine(
+        one_slice: emulator.EmulatedCluster) -> None:
+    km, kc = _kernel(one_slice.address)
+    try:
+        msg_id = kc.execute(FOREVER_CELL.format(name="intr"))
+        assert wait_until(_run_is_up, 180), _held()
+        with _busy_loops():
+            time.sleep(1.0)
+            interrupted = time.monotonic()
+            km.interrupt_kernel()
+            freed_s = _freed_after(interrupted)
+        print(f"interrupt: run freed {freed_s:.1f} s after the interrupt "
+              f"(load average {os.getloadavg()[0]:.1f})")
+        reply = kc.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=60)
+        assert reply["content"]["status"] == "error", reply["content"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert freed_s < FREED_WITHIN_S, f"{freed_s:.1f} s"

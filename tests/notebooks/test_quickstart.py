@@ -71,3 +71,17 @@ def test_committed_notebook_has_no_outputs() -> None:
         for cell in nb["cells"]:
             if cell["cell_type"] == "code":
                 assert not cell.get("outputs") and not cell.get("execution_count"), path
+
+
+def test_quickstart_smoke_test_reports_4_devices_per_host_and_16_in_all(quickstart_build: dict) -> None:
+    nb = nbformat.read(quickstart_build["out"] / "quickstart.ipynb", as_version=4)
+    check = next(c for c in nb.cells if "check" in c.metadata.get("tags", []))
+    text = "\n".join(o.get("data", {}).get("text/plain", "") for o in check.outputs)
+    assert "4 of 4 hosts ok" in text, text
+    rows = [line.split() for line in text.splitlines() if " worker " in line]
+    # host (slice worker N), ip, rank, devices, local, psum, ...
+    assert [(r[2], r[4], r[5], r[6]) for r in rows] == [(str(w), str(w), "16", "4") for w in range(4)], rows
+    # The live map was shown once and, at `down`, replaced by its static copy (no dead widget).
+    shown = next(c for c in nb.cells if c.source == "%raytpu map")
+    assert any("<svg" in o.get("data", {}).get("text/html", "") or "raytpu-svg" in
+               o.get("data", {}).get("text/html", "") for o in shown.outputs)

@@ -114,3 +114,13 @@ def test_a_bad_shape_suggests_the_nearest_in_up_syntax(capsys: pytest.CaptureFix
     assert cli.main(["up", "--tpu", "v6e:4x5"]) == 1
     err = capsys.readouterr().err
     assert "Use the nearest valid shape: --tpu v6e:4x4 (or 2x8, 4x8)." in err
+
+
+def test_check_of_a_cluster_that_is_not_running_says_so(capsys: pytest.CaptureFixture[str],
+                                                        tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RAYTPU_EMULATOR_ROOT", str(tmp_path))
+    assert cli.main(["check", "--name", "nope"]) == 1
+    assert "No emulated cluster 'nope' is running" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["check", "--timeout", "0"])
+    assert "must be a finite number above 0" in capsys.readouterr().err

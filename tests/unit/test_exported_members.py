@@ -12,7 +12,7 @@ import raytpu_lab
 PACKAGE_SURFACE = [
     "ConnectError", "EmulatorError", "InvalidTopologyError", "KubernetesError", "ManifestError",
     "NoSliceAvailableError", "NotConnectedError", "RaytpuError", "RemoteHostError",
-    "ReservationError", "TrainingConfigError", "TrainingError", "get_lab",
+    "ReservationError", "ServeError", "TrainingConfigError", "TrainingError", "get_lab",
     "load_ipython_extension",
 ]
 

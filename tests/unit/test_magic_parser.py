@@ -8,7 +8,7 @@ from IPython.core.error import UsageError
 from raytpu_lab.magics.parser import HelpShown, build_parser
 
 COMMANDS = ["up", "down", "connect", "status", "map", "reserve", "release", "reservations", "jax",
-            "run", "attach", "torch"]
+            "run", "attach", "torch", "check"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -88,3 +88,35 @@ def test_map_interval_must_be_positive() -> None:
     with pytest.raises(UsageError, match="--interval: 0 s: it must be a finite number above 0"):
         build_parser().parse_args(["map", "--interval", "0"])
     assert build_parser().parse_args(["map", "--interval", "0.5"]).interval == 0.5
+
+
+def test_an_expression_option_keeps_its_spaces() -> None:
+    import shlex
+
+    from raytpu_lab.magics.parser import join_expressions
+
+    def split(line: str) -> list[str]:
+        return join_expressions(shlex.split(line))
+
+    assert split("serve --on s1 --config dict(w=w, b=b) --app m") == [
+        "serve", "--on", "s1", "--config", "dict(w=w, b=b)", "--app", "m"]
+    assert split("jax --config=dict(steps=10, lr=0.1)") == ["jax", "--config=dict(steps=10, lr=0.1)"]
+    assert split("""jax --config "{'steps': 100}" --slices 2""") == [
+        "jax", "--config", "{'steps': 100}", "--slices", "2"]
+    assert split("serve --config") == ["serve", "--config"]  # argparse says it needs a value
+    assert split("reserve 2x2x2 --version v4") == ["reserve", "2x2x2", "--version", "v4"]
+    args = build_parser().parse_args(split("serve --on s1 --config dict(w=w, b=b)"))
+    assert args.config == "dict(w=w, b=b)" and args.on == "s1"
+
+
+def test_serve_config_that_is_not_a_dict_of_kwargs_is_one_clear_error() -> None:
+    from raytpu_lab.errors import ServeError
+    from raytpu_lab.magics.serve_commands import _init_kwargs
+
+    assert _init_kwargs("dict(w=w, b=2)", {"w": 3}) == {"w": 3, "b": 2}
+    assert _init_kwargs(None, {}) is None
+    with pytest.raises(ServeError, match="could not be evaluated: NameError") as info:
+        _init_kwargs("dict(w=nope)", {})
+    assert "dict(w=w, b=b)" in str(info.value)
+    with pytest.raises(ServeError, match="is a list, not a dict"):
+        _init_kwargs("[1, 2]", {})

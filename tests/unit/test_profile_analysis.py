@@ -84,6 +84,9 @@ def test_profile_view_text_and_html(report) -> None:
     html = view._repr_mimebundle_()["text/html"]
     assert "Plotly" not in html and "<script" not in html  # the figure is its own plotly output
     assert view.figure_bundle()["application/vnd.plotly.v1+json"]["data"]
+    svg = view.figure_bundle()["image/svg+xml"]  # what viewers without plotly show
+    assert svg.startswith("<svg") and svg.count("<rect") >= len(report.hosts)
+    assert all(host in svg for host in report.hosts)
     assert "all-reduce" in html and "jit(step)" in html
     fig = view.figure()
     assert [t.type for t in fig.data] == ["bar"] * 4 + ["heatmap"]

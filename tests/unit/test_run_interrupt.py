@@ -27,15 +27,14 @@ def test_ctrl_c_raises_keyboard_interrupt_then_the_old_handler_is_back() -> None
 
 
 def test_the_autoscalers_unplaceable_notice_is_muted_with_the_run_other_lines_are_not() -> None:
-    from types import SimpleNamespace
+    from functools import partial
 
-    from raytpu_lab.train.run import RunHandle
+    from raytpu_lab.train.run import _is_runs_log
 
-    run = SimpleNamespace(_pids={"123"}, _job_id="01000000")
-    is_ours = RunHandle._is_ours
-    assert is_ours(run, {"pid": 123, "lines": ["step 1"]})
-    assert is_ours(run, {"pid": "autoscaler", "lines": [
+    is_ours = partial(_is_runs_log, {"123"}, "01000000")  # the run's worker pids and job id
+    assert is_ours({"pid": 123, "lines": ["step 1"]})
+    assert is_ours({"pid": "autoscaler", "lines": [
         "Warning: The following resource request cannot be scheduled right now: "
         "No available node types can fulfill placement group requests (detail: ...)"]})
-    assert not is_ours(run, {"pid": "autoscaler", "lines": ["Adding 2 node(s) of type tpu-v6e"]})
-    assert not is_ours(run, {"pid": 999, "job": "02000000", "lines": ["other job"]})
+    assert not is_ours({"pid": "autoscaler", "lines": ["Adding 2 node(s) of type tpu-v6e"]})
+    assert not is_ours({"pid": 999, "job": "02000000", "lines": ["other job"]})

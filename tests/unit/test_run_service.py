@@ -109,7 +109,8 @@ def test_a_run_on_idle_slices_is_started_and_its_books_kept() -> None:
                                 profile=None), on_launch=lambda: launched.append(True))
     (call,) = fake.started
     assert launched == [True] and call["name"] == "t1" and call["run"].spec.trainer == "torch"
-    assert call["listeners"] == []  # no on_records, no listener: nothing between run and result
+    # No on_records, no listener: only the run board (the Lab sidebar's list and Stop) listens.
+    assert [type(x).__name__ for x in call["listeners"]] == ["RunBoard"]
     call["on_placement"](["s0", "s1"], ["pg1"])
     assert fake.placed == [("run t1", ["s0", "s1"], ["pg1"], 2)]
     call["on_finish"](handle)

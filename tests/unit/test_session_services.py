@@ -264,3 +264,19 @@ def test_use_session_puts_a_session_in_place_for_the_magics_and_restores_the_las
         assert session is mine and lab_module.get_lab() is mine
     assert lab_module._LAB is before
     assert lab_module.Lab is Session
+
+
+def test_check_refuses_bad_input_before_reading_the_cluster() -> None:
+    from raytpu_lab.session.hosts import HostSessions
+
+    fake = FakeReader(RAW)
+    hosts = HostSessions(ReservationService(fake.reader()))
+    with pytest.raises(RaytpuError, match="timeout_s=0 is not allowed"):
+        hosts.check("r1", timeout_s=0)
+    with pytest.raises(ReservationError, match="No reservation named 'r1'"):
+        hosts.check("r1")
+    assert fake.reads == [] and hosts.sessions == {}
+    offline = FakeReader(RAW, is_connected=False)
+    with pytest.raises(NotConnectedError, match="Cannot check the hosts"):
+        HostSessions(ReservationService(offline.reader())).check()
+    assert offline.reads == []

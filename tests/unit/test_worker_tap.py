@@ -42,8 +42,8 @@ def test_summary_follows_the_function_with_the_rank(tapped) -> None:
     tap, events = tapped
     wrapped = tap(lambda config: config["x"] * 2, worker_summary=lambda: {"xla_compile_count": 5})
     assert wrapped({"x": 21}) == 42
-    assert _kinds(events) == ["placement", "summary"]
-    assert events.items[1] == {"kind": "tap", "rows": [
+    assert _kinds(events) == ["placement", "timing", "summary"]
+    assert events.items[2] == {"kind": "tap", "rows": [
         {"kind": "summary", "rank": 3, "summary": {"xla_compile_count": 5}}]}
 
 
@@ -58,17 +58,62 @@ def test_summary_is_sent_after_the_error_and_a_failing_summary_masks_nothing(tap
 
     with pytest.raises(ValueError, match="bad batch"):
         tap(broken, worker_summary=lambda: {"xla_compile_count": 1})()
-    assert _kinds(events) == ["placement", "error", "summary"]
+    assert _kinds(events) == ["placement", "error", "timing", "summary"]
     events.items.clear()
     with pytest.raises(ValueError, match="bad batch"):
         tap(broken, worker_summary=no_summary)()
-    assert _kinds(events) == ["placement", "error"]
+    assert _kinds(events) == ["placement", "error", "timing"]
 
 
 def test_without_a_summary_function_nothing_more_is_sent(tapped) -> None:
     tap, events = tapped
     assert tap(lambda: "done")() == "done"
-    assert _kinds(events) == ["placement"]
+    assert _kinds(events) == ["placement", "timing"]
+
+
+def test_timing_row_times_every_report_without_changing_the_function(tapped, monkeypatch) -> None:
+    import time
+
+    from raytpu_lab import _ray_private
+
+    class _Utils:  # Ray Train's per-worker TrainFnUtils, outside a run
+        def report(self, metrics, checkpoint=None):
+            time.sleep(0.05)
+            seen.append((metrics, checkpoint))
+
+    seen: list[tuple] = []
+    utils = _Utils()
+    monkeypatch.setattr("ray.train.v2._internal.execution.train_fn_utils.get_train_fn_utils",
+                        lambda: utils)
+    tap, events = tapped
+
+    def train(config):
+        time.sleep(0.1)  # "compile"
+        for step in range(2):
+            utils.report({"step": step})
+        utils.report({"step": 2}, checkpoint="ckpt")
+        return "ok"
+
+    before = time.time()
+    assert tap(train)({}) == "ok"
+    assert "report" not in utils.__dict__  # Ray's own report is back after the run
+    assert [m["step"] for m, _ in seen] == [0, 1, 2]
+    row = events.items[1]["rows"][0]
+    assert row["kind"] == "timing" and row["rank"] == 3
+    assert before <= row["fn_start"] < row["reports"][0][0] < row["fn_end"] <= time.time()
+    assert row["reports"][0][0] - row["fn_start"] >= 0.1
+    assert [c for _, _, c in row["reports"]] == [False, False, True]
+    assert all(0.05 <= e - s < 1 for s, e, _ in row["reports"])
+    assert row["process_start"] is not None and row["process_start"] < before
+
+    # Nested hooks (the profiler's inside ours): undoing the inner one keeps the outer one.
+    undo_outer = _ray_private.wrap_train_report(lambda r, *a, **k: r(*a, **k))
+    outer = utils.__dict__["report"]
+    undo_inner = _ray_private.wrap_train_report(lambda r, *a, **k: r(*a, **k))
+    undo_inner()
+    assert utils.__dict__["report"] is outer
+    undo_outer()
+    assert "report" not in utils.__dict__
 
 
 def test_ray_info_chatter_stays_out_of_the_panes_warnings_and_user_logs_do_not() -> None:
