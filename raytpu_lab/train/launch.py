@@ -276,15 +276,18 @@ def _worker_error_text(err: TrainingFailedError) -> str:
 
 
 def _queue_on_this_node() -> Queue:
-    """A run's stream queue (an actor, no CPU), pinned to the driver's node (softly: anywhere if
-    that node takes no actors).
+    """A run's stream queue (an actor, no CPU), pinned to the driver's node.
 
     Left to Ray, a zero-CPU actor may land on a TPU host; when that host is lost (what a restart
     budget is for) the run's reports, restart events and logs would be lost with it, and the run
-    would go on unseen. Ray Train attaches its own controller to the driver's node too (a
-    ``label_selector`` on the node id; Ray 2.60, ``ray/train/v2/api/data_parallel_trainer.py``).
+    would go on unseen. The pin is hard: a soft ``NodeAffinitySchedulingStrategy`` to the
+    driver's node was seen to place two queues of three on TPU hosts of an idle emulated
+    cluster (Ray 2.60), and a lost host then took the run's stream with it. The driver's node
+    always takes a zero-CPU actor (a GKE head with ``num-cpus: 0`` too). Ray Train attaches its
+    own controller to the driver's node the same way (a ``label_selector`` on the node id; Ray
+    2.60, ``ray/train/v2/api/data_parallel_trainer.py``).
     """
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     return Queue(maxsize=10_000, actor_options={"num_cpus": 0, "scheduling_strategy": here})
 
 

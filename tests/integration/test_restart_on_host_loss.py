@@ -61,6 +61,9 @@ def test_a_lost_host_restarts_the_run_on_intact_slices(small: emulator.EmulatedC
                            listener=dash, wait_s=60)
     try:
         assert wait_until(lambda: len(handle.result.rank0()) >= 3, 120), handle.result
+        # The run's stream (two queue actors) lives on the driver's node, never on a TPU host
+        # that may be lost: a soft pin once put them on the victim and the restart went unseen.
+        assert _queue_nodes() == {ray.get_runtime_context().get_node_id()}, _queue_nodes()
         first = handle.result.attempts()[0]
         assert len(first["slices"]) == 2, first
         victim_slice = first["slices"][1]
@@ -108,6 +111,14 @@ def test_a_lost_host_restarts_the_run_on_intact_slices(small: emulator.EmulatedC
     assert degraded_s < MAP_DEGRADED_S, f"{degraded_s:.2f} s"
     assert wait_until(lambda: not live_placement_groups(), 15), live_placement_groups()
     assert wait_until(lambda: not live_actors(), 15), live_actors()
+
+
+def _queue_nodes() -> set[str]:
+    from ray.util.state import list_actors
+
+    address = ray.get_runtime_context().gcs_address
+    return {a.node_id for a in list_actors(address=address, filters=[
+        ("state", "=", "ALIVE"), ("class_name", "=", "_QueueActor")])}
 
 
 def small_slices(lab: Lab) -> list:
