@@ -104,21 +104,37 @@ def connect(address: str, *, timeout_s: float = 15.0, namespace: str = "raytpu",
     Raises:
         ConnectError: Nothing accepted a connection at ``address`` within ``timeout_s`` seconds
             (the current connection, if any, is kept), or Ray refused to connect (message
-            includes Ray's reason).
+            includes Ray's reason). A Ray Client proxy that failed to start this client's
+            server is asked again first (up to 3 connections while ``timeout_s`` lasts).
     """
+    deadline = time.monotonic() + timeout_s
     probe(address, timeout_s=timeout_s)
     if ray.is_initialized():
         ray.shutdown()
-    try:
-        ray.init(address=address, namespace=namespace, logging_level=logging.WARNING,
-                 log_to_driver=True, configure_logging=True,
-                 runtime_env=job_runtime_env(ship_package))
-    except Exception as err:  # Ray raises several unrelated types here; all mean "not connected"
-        raise ConnectError(
-            f"Ray could not connect to {address}.",
-            why=f"{type(err).__name__}: {err}",
-            fix="Make sure the notebook's Ray and Python versions match the cluster's.",
-            address=address, timeout_s=timeout_s) from err
+    for attempt in range(_CLIENT_SERVER_ATTEMPTS):
+        try:
+            ray.init(address=address, namespace=namespace, logging_level=logging.WARNING,
+                     log_to_driver=True, configure_logging=True,
+                     runtime_env=job_runtime_env(ship_package))
+            return
+        except Exception as err:  # Ray raises several unrelated types here: "not connected"
+            if (_CLIENT_SERVER_FAILED in str(err) and attempt + 1 < _CLIENT_SERVER_ATTEMPTS
+                    and time.monotonic() < deadline):
+                # The head's Ray Client proxy starts one server process per client; on a
+                # loaded head that start can fail (seen under load: "Starting Ray client
+                # server failed"), and the next connection starts a fresh one.
+                ray.shutdown()
+                time.sleep(1.0)
+                continue
+            raise ConnectError(
+                f"Ray could not connect to {address}.",
+                why=f"{type(err).__name__}: {err}",
+                fix="Make sure the notebook's Ray and Python versions match the cluster's.",
+                address=address, timeout_s=timeout_s) from err
+
+
+_CLIENT_SERVER_FAILED = "Starting Ray client server failed"
+_CLIENT_SERVER_ATTEMPTS = 3
 
 
 def job_runtime_env(ship_package: bool) -> dict[str, Any] | None:
