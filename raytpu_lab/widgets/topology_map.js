@@ -280,12 +280,12 @@ function render({ model, el }) {
     hostEls = []; sliceEls = []; boxes = [];
     drawLegend();
     let x = PAD, y = PAD, rowH = 0, width = 0;
-    const summary = summaryMode();
+    const summary = summaryMode(), maxW = wrapWidth();
     slices().forEach((g, si) => {
       const wrapG = svgEl("g", {}, viewport);
       const [w, h, e] = summary && !expanded.has(g.name) ? drawTile(si, g, wrapG) : drawPanel(si, g, wrapG);
       sliceEls[si] = e;
-      if (x > PAD && x + w > MAX_W) { x = PAD; y += rowH + PANEL_GAP; rowH = 0; }
+      if (x > PAD && x + w > maxW) { x = PAD; y += rowH + PANEL_GAP; rowH = 0; }
       wrapG.setAttribute("transform", `translate(${x},${y})`);
       boxes[si] = [x, y, w, h];
       x += w + PANEL_GAP; rowH = Math.max(rowH, h); width = Math.max(width, x);
@@ -298,9 +298,25 @@ function render({ model, el }) {
     svg.setAttribute("height", Math.min(height, VIEW_MAX_H));
     svg.setAttribute("viewBox", `0 0 ${Math.max(width, 300)} ${Math.min(height, VIEW_MAX_H)}`);
     svg.style.maxWidth = `${Math.max(width, 300)}px`;
+    // Height from the viewBox's aspect ratio: a fixed height in a narrow panel (the sidebar)
+    // left the scaled-down drawing floating in a tall empty box, and hit-testing off.
+    svg.style.height = "auto";
+    drawnFor = stage.clientWidth;
     if (data) { slices().forEach((g, si) => { paintSlice(si); (hostEls[si] || []).forEach((_, w) => paintHost(si, w)); }); }
     paintHighlight(); paintDcn(); paintSelected(); paintStatus(); applyView();
   }
+
+  // Slices wrap at the width the map is shown at (a 240 px sidebar stacks them) rather than
+  // shrinking to fit; MAX_W when not laid out yet (a hidden tab).
+  function wrapWidth() {
+    const w = stage.clientWidth;
+    return w > 0 ? Math.max(300, Math.min(MAX_W, w)) : MAX_W;
+  }
+  let drawnFor = 0;
+  const resized = typeof ResizeObserver === "undefined" ? null : new ResizeObserver(() => {
+    const w = stage.clientWidth;
+    if (w > 0 && Math.abs(w - drawnFor) >= 24 && (w < MAX_W || drawnFor < MAX_W)) draw();
+  });
 
   function paintDcn() {  // multi-slice: a dashed link badged "DCN" between consecutive slices
     viewport.querySelectorAll(":scope > .dcn").forEach((e) => e.remove());
@@ -522,6 +538,7 @@ function render({ model, el }) {
 
   draw();
   askFull();
+  if (resized) resized.observe(stage);
 
   return () => {
     model.off("msg:custom", onMsg);
@@ -532,6 +549,7 @@ function render({ model, el }) {
     model.off("change:status", onStatus);
     window.removeEventListener("pointermove", onDragMove);
     window.removeEventListener("pointerup", onUp);
+    if (resized) resized.disconnect();
     root.remove();
   };
 }

@@ -2,8 +2,10 @@
 
 The sidebar shows a small emulated cluster of the module's own (2 x v4 2x2x2) (its slices, no kernel needed); a
 reservation made in a notebook appears in its list within 2 s; its Release button frees it (checked
-through Ray from the kernel); the map opened in the main area survives a page reload (JupyterLab's
-layout restorer). Screenshots: ``build/sidebar.png``, ``build/sidebar_map_reload.png``.
+through Ray from the kernel); dragging its row, or a free slice's, into the notebook inserts the
+matching cell; the map fills its box in the 240 px sidebar and in the main area, where it
+survives a page reload (JupyterLab's layout restorer). Screenshots: ``build/sidebar.png``,
+``build/sidebar_drop.png``, ``build/sidebar_map_reload.png``, ``build/sidebar_run.png``.
 """
 
 from __future__ import annotations
@@ -76,6 +78,43 @@ def _wait(what: str, fn: Any, timeout_s: float, interval_s: float = 0.05) -> Any
         time.sleep(interval_s)
 
 
+def _sources(page: Page) -> list[str]:
+    """The open notebook's cell sources, in order (CodeMirror's lines; a dropped cell's whole
+    source, so ``text in _sources(page)`` is an exact match)."""
+    return page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell"
+                        " .jp-InputArea-editor .cm-content").evaluate_all(
+        "els => els.map(e => Array.from(e.querySelectorAll('.cm-line'))"
+        ".map(l => l.textContent).join('\\n'))")
+
+
+def _index_of(page: Page, text: str) -> int:
+    return next(i for i, src in enumerate(_sources(page)) if text in src)
+
+
+def _drag(page: Page, source: Locator, target: Locator) -> None:
+    """A user's drag: press on ``source``, move past the 5 px threshold, drop on ``target``."""
+    source.scroll_into_view_if_needed()
+    s, t = source.bounding_box(), target.bounding_box()
+    assert s and t, (s, t)
+    x, y = s["x"] + 8, s["y"] + s["height"] / 2
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(x + 20, y + 4, steps=4)
+    page.mouse.move(t["x"] + t["width"] / 2, t["y"] + min(t["height"] - 10, 200), steps=12)
+    page.mouse.up()
+
+
+def _assert_map_fills_its_box(svg: Locator) -> None:
+    """The map is drawn at the top of its box and fills it (its height follows the drawing):
+    a fixed height left a 240 px sidebar's map tiny, floating in a tall empty box."""
+    box = svg.bounding_box()
+    drawn = svg.locator("g.viewport").bounding_box()
+    assert box and drawn, (box, drawn)
+    assert drawn["y"] - box["y"] < 30, (box, drawn)
+    assert (box["y"] + box["height"]) - (drawn["y"] + drawn["height"]) < 40, (box, drawn)
+    assert drawn["width"] > 0.6 * box["width"], (box, drawn)
+
+
 def _open_sidebar(page: Page, cluster_id: str = CLUSTER_ID) -> Locator:
     """The sidebar, open, showing ``cluster_id``: other emulated clusters of the test session
     (the shared one) may run too, and the picker starts on the first it lists."""
@@ -108,6 +147,7 @@ def test_sidebar_shows_the_cluster_a_reservation_and_releases_it(
         paths = sidebar.locator(".raytpu-map-host svg rect, .raytpu-map-host svg path")
         assert paths.count() > 0, "the sidebar's map drew nothing"
         assert sidebar.locator(".raytpu-map-host .slice[data-slice]").count() >= SLICES
+        _assert_map_fills_its_box(sidebar.locator(".raytpu-map-host svg").first)
 
         _run(page, UP, 240)
         out = _run(page, RESERVE, 120)
@@ -124,9 +164,20 @@ def test_sidebar_shows_the_cluster_a_reservation_and_releases_it(
         sidebar.locator(".raytpu-reservations").scroll_into_view_if_needed()
         page.screenshot(path=str(BUILD / "sidebar.png"))
 
+        # Drag rows into the notebook: each drop inserts the matching cell.
+        notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
+        _drag(page, row.locator("td").first, notebook)
+        _wait("the attach cell dropped in", lambda: "%raytpu attach side1" in _sources(page), 10)
+        free = sidebar.locator('.raytpu-slice-row:not([data-state="reserved"])').first
+        _drag(page, free.locator("td").first, notebook)
+        _wait("the reserve cell dropped in",
+              lambda: "%raytpu reserve 2x2x2 --version v4" in _sources(page), 10)
+        assert len(_sources(page)) == len(CELLS) + 2, _sources(page)
+        page.screenshot(path=str(BUILD / "sidebar_drop.png"))
+
         row.locator("button.raytpu-release").click()
         _wait("the row gone after Release", lambda: row.count() == 0, 10)
-        out = _run(page, CHECK, 60)
+        out = _run(page, _index_of(page, "print('STATES'"), 60)
         assert "STATES ['REMOVED']" in out, out  # through Ray, from the kernel
         assert not errors, errors
 
@@ -154,6 +205,7 @@ def test_the_main_area_map_survives_a_reload(lab_server: LabServer, sb_cluster: 
         main.wait_for(timeout=10_000)
         _wait("the restored map's slices", lambda: main.locator(".slice[data-slice]").count() >= SLICES, 30)
         assert main.locator("svg rect").count() > 0
+        _assert_map_fills_its_box(main.locator("svg").first)
         page.screenshot(path=str(BUILD / "sidebar_map_reload.png"))
         assert not errors, errors
 

@@ -266,6 +266,7 @@ export class RaytpuSidebar extends Widget {
       const move = (e: PointerEvent) => {
         if (Math.hypot(e.clientX - x0, e.clientY - y0) < 5) return;
         done();
+        window.getSelection()?.removeAllRanges();  // a drag is not a text selection
         const mime = new MimeData();
         mime.setData(CELL_MIME, text);
         mime.setData('text/plain', text);
