@@ -109,7 +109,14 @@ class RawBundle(TypedDict):
     resources: dict[str, float]
 
 
-class RawPlacementGroup(TypedDict):
+class _RawPlacementGroupCreator(TypedDict, total=False):
+    creator: str
+    """Name of the live named actor that created a group its name does not explain (e.g. a Serve
+    replica's ``SERVE_REPLICA::<app>#<deployment>#<id>``); absent when none (or in older
+    recordings)."""
+
+
+class RawPlacementGroup(_RawPlacementGroupCreator):
     """A placement group that is not ``REMOVED``."""
 
     placement_group_id: str

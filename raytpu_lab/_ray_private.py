@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 __all__ = ["abort_train_controller", "remove_placement_group_by_id", "available_resources_per_node",
            "controller_announcer", "restart_reporter", "ensure_auth_token", "enable_token_auth",
            "muted_worker_logs", "wrap_train_report", "ray_cli_main", "route_agents",
            "fresh_node_id", "serve_client", "serve_http_port", "kv_put", "kv_get", "kv_list",
-           "kv_del"]
+           "kv_del", "placement_group_creator_names"]
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
@@ -27,6 +27,52 @@ def available_resources_per_node() -> dict[str, dict[str, float]]:
 
     result: dict[str, dict[str, Any]] = state.available_resources_per_node()
     return result
+
+
+def placement_group_creator_names(pg_ids: Iterable[str]) -> dict[str, str]:
+    """``{placement group id (hex): name of the live actor that created it}`` for those of
+    ``pg_ids`` an actor with a name created (an actor without one, or a driver, is left out).
+
+    Ray's public tables name neither (``ray.util.placement_group_table()``, the state API's
+    ``list_placement_groups``), but the GCS keeps ``creator_actor_id`` on each group
+    (``gcs_pb2.PlacementGroupTableData``, Ray 2.60) and the actor table its name: a Serve
+    replica's actor is named ``SERVE_REPLICA::<app>#<deployment>#<id>``, so a group Ray Serve
+    LLM's replica makes for its own slice (``ray.util.tpu.slice_placement_group`` from
+    ``ray/llm/_internal/serve/core/configs/accelerators.py``, unnamed or ``dp_<rank>``) is
+    traced to its app. Read through ``ray._private.state.state``'s GCS accessor.
+    """
+    import ray
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    wanted = set(pg_ids)
+    if not wanted:
+        return {}
+    accessor = state._connect_and_get_accessor()
+    creators: dict[str, str] = {}
+    for raw in accessor.get_placement_group_table():
+        info = gcs_pb2.PlacementGroupTableData.FromString(raw)  # type: ignore[attr-defined]
+        pg_id = info.placement_group_id.hex()
+        actor = info.creator_actor_id
+        if pg_id in wanted and actor and not info.creator_actor_dead \
+                and not ray.ActorID(actor).is_nil():
+            creators[pg_id] = actor.hex()
+    names: dict[str, str] = {}
+    for pg_id, actor_id in creators.items():
+        name = _ACTOR_NAMES.get(actor_id)
+        if name is None:
+            raw_actor = accessor.get_actor_info(ray.ActorID(bytes.fromhex(actor_id)))
+            name = (gcs_pb2.ActorTableData.FromString(raw_actor).name  # type: ignore[attr-defined]
+                    if raw_actor else "")
+            if len(_ACTOR_NAMES) > 10_000:
+                _ACTOR_NAMES.clear()
+            _ACTOR_NAMES[actor_id] = name  # an actor's name never changes
+        if name:
+            names[pg_id] = name
+    return names
+
+
+_ACTOR_NAMES: dict[str, str] = {}
 
 
 def ensure_auth_token() -> None:

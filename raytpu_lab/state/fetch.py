@@ -17,7 +17,8 @@ Raw state shape (all keys always present; declared as :class:`raytpu_lab._protoc
       "placement_groups": [{
           "placement_group_id": "…", "name": "raytpu:r1", "state": "CREATED",
           "bundles": [{"index": 0, "node_id": "…" | None, "resources": {"TPU": 4.0}}],
-      }],
+          "creator": "SERVE_REPLICA::app#LLMServer#x1",  # only for an unnamed group a named
+      }],                                                  # actor made
     }
 """
 
@@ -35,6 +36,8 @@ from raytpu_lab._protocols import (
     RawPlacementGroup,
     RawState,
 )
+from raytpu_lab.state.model import SERVE_REPLICA_PREFIX
+from raytpu_lab.tpu.labels import RESERVATION_PREFIX
 
 __all__ = ["fetch_raw_state", "fetch_placement_group_lifetimes", "count_alive_nodes",
            "fetch_serve_replicas", "fetch_serve_status"]
@@ -97,7 +100,23 @@ def _read_here() -> RawState:
                 for i, res in sorted(pg.get("bundles", {}).items())
             ],
         ))
+    _add_creators(groups)
     return RawState(fetched_at=time.time(), nodes=nodes, placement_groups=groups)
+
+
+def _add_creators(groups: list[RawPlacementGroup]) -> None:
+    """Name the actor that made each group its name does not explain (a Serve LLM replica makes
+    its own slice's, unnamed or ``dp_<rank>``); the map is still drawn, with the group
+    unattributed, if Ray's tables cannot be read so."""
+    unnamed = [g["placement_group_id"] for g in groups
+               if not g["name"].startswith((RESERVATION_PREFIX, SERVE_REPLICA_PREFIX))]
+    try:
+        creators = _ray_private.placement_group_creator_names(unnamed)
+    except Exception:
+        return
+    for group in groups:
+        if group["placement_group_id"] in creators:
+            group["creator"] = creators[group["placement_group_id"]]
 
 
 def _is_node(node_id: str | None) -> bool:

@@ -139,10 +139,13 @@ def _owner_name(pg: RawPlacementGroup, reservations: Mapping[str, str]) -> str:
     name = str(pg.get("name") or "")
     if name.startswith(RESERVATION_PREFIX):
         return name[len(RESERVATION_PREFIX):]
-    if name.startswith(SERVE_REPLICA_PREFIX):  # any Serve replica's group, whoever deployed it
-        app, _, rest = name[len(SERVE_REPLICA_PREFIX):].partition("#")
-        deployment = rest.partition("#")[0]
-        return f"serve: {app}/{deployment}" if deployment else f"serve: {app}"
+    # Any Serve replica's group, whoever deployed it: named as the replica by Serve, or made by
+    # the replica itself (Ray Serve LLM reserves its own TPU slice from inside the replica).
+    for named in (name, str(pg.get("creator") or "")):
+        if named.startswith(SERVE_REPLICA_PREFIX):
+            app, _, rest = named[len(SERVE_REPLICA_PREFIX):].partition("#")
+            deployment = rest.partition("#")[0]
+            return f"serve: {app}/{deployment}" if deployment else f"serve: {app}"
     return f"placement group {pg_id[:8]}"
 
 

@@ -182,3 +182,43 @@ def test_the_magics_serve_show_status_and_delete(lab: Lab) -> None:
     with capture_output() as out:
         ip.run_cell("%raytpu serve delete hello", store_history=False)
     assert "Deleted app 'hello'" in out.stdout and not lab.serving.apps
+
+
+def test_a_slice_a_replica_reserves_itself_is_attributed_to_its_app(lab: Lab) -> None:
+    """As Ray Serve LLM does on TPUs (``ray/llm/_internal/serve/core/configs/accelerators.py``):
+    a replica, deployed with plain ``serve.run`` by someone else, reserves its own slice with
+    ``ray.util.tpu.slice_placement_group``; the map names the app and deployment holding it."""
+    import socket
+
+    from ray import serve
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    class SliceHolder:
+        def __init__(self) -> None:
+            import ray as ray_
+            from ray.util.tpu import slice_placement_group
+
+            self.slice = slice_placement_group(topology="2x2x1", accelerator_version="v4")
+            ray_.get(self.slice.placement_group.ready(), timeout=60)
+
+        def __call__(self, request: object) -> str:
+            return "ok"
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    owner = "serve: selfmade/SliceHolder"
+
+    def held() -> list[str]:
+        return [s.name for s in lab.snapshot().slices if owner in s.owners]
+
+    serve.run(SliceHolder.bind(), name="selfmade", route_prefix=None)
+    try:
+        assert wait_until(lambda: len(held()) == 1, 30), [
+            (s.name, s.owners) for s in lab.snapshot().slices]
+        # Which slice is Ray's choice (seen: a 2x2x1 slice, or one host of the 2x2x2 slice).
+        assert held()[0].startswith("tpu-v4-"), held()
+    finally:
+        serve.delete("selfmade")
+    assert wait_until(lambda: not held(), 30), held()  # the replica's groups went with it
