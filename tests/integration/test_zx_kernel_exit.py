@@ -172,3 +172,38 @@ def test_an_interrupted_cell_frees_its_run_within_10_s_on_a_busy_machine(
         kc.stop_channels()
         km.shutdown_kernel(now=True)
     assert freed_s < FREED_WITHIN_S, f"{freed_s:.1f} s"
+
+
+SERVE_CELL = """%%raytpu serve --on sv --app exitapp --route /exit
+class Hello:
+    def __call__(self, request):
+        return "hi"
+"""
+
+
+def _serving_left() -> list[str]:
+    """What a served app leaves: Serve's actors (controller, proxy, replicas), host actors of a
+    multi-host replica, placement groups (the replica's and the reservation's)."""
+    return ([a for a in live_actors() if a.startswith(("Serve", "ProxyActor", "_HostProcess"))]
+            + [f"pg {pg['name'] or pg['placement_group_id'][:8]}"
+               for pg in live_placement_groups()])
+
+
+def test_a_kernel_that_exits_while_serving_leaves_no_app_actor_or_placement_group(
+        one_slice: emulator.EmulatedCluster) -> None:
+    """Serve apps are detached (they outlive their driver by design): a kernel that served one
+    and exits without ``serve delete`` or ``release`` deletes it on the way out (Serve too,
+    which it started), and its reservation goes with the driver."""
+    km, kc = _kernel(one_slice.address)
+    try:
+        for cell in ("%raytpu reserve 2x2x1 --version v4 --name sv", SERVE_CELL):
+            reply = kc.execute_interactive(cell, timeout=240)
+            assert reply["content"]["status"] == "ok", reply["content"]
+        assert any(a.startswith("ServeReplica") for a in live_actors()), live_actors()
+    finally:
+        exiting = time.monotonic()
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)  # a normal exit (Jupyter's shutdown): atexit runs
+    assert wait_until(lambda: not _serving_left(), 30), _serving_left()
+    print(f"kernel exit: served app and reservation gone {time.monotonic() - exiting:.1f} s "
+          "after the shutdown request")
