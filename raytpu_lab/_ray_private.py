@@ -39,40 +39,40 @@ def placement_group_creator_names(pg_ids: Iterable[str]) -> dict[str, str]:
     replica's actor is named ``SERVE_REPLICA::<app>#<deployment>#<id>``, so a group Ray Serve
     LLM's replica makes for its own slice (``ray.util.tpu.slice_placement_group`` from
     ``ray/llm/_internal/serve/core/configs/accelerators.py``, unnamed or ``dp_<rank>``) is
-    traced to its app. Read through ``ray._private.state.state``'s GCS accessor.
+    traced to its app. Read through ``ray._private.state.state``'s GCS accessor, once per
+    group: a group's creator never changes, so the map's refresh asks the GCS only about
+    groups it has not seen.
     """
+    ids = list(pg_ids)
+    unseen = {pg for pg in ids if pg not in _CREATOR_NAMES}
+    if unseen:
+        if len(_CREATOR_NAMES) > 10_000:
+            _CREATOR_NAMES.clear()
+        _CREATOR_NAMES.update(_look_up_creator_names(unseen))
+    return {pg: _CREATOR_NAMES[pg] for pg in ids if _CREATOR_NAMES.get(pg)}
+
+
+def _look_up_creator_names(pg_ids: set[str]) -> dict[str, str]:
+    """``{id: creator actor's name, or "" (no live named creator)}`` for each of ``pg_ids``."""
     import ray
     from ray._private.state import state
     from ray.core.generated import gcs_pb2
 
-    wanted = set(pg_ids)
-    if not wanted:
-        return {}
     accessor = state._connect_and_get_accessor()
-    creators: dict[str, str] = {}
+    names = dict.fromkeys(pg_ids, "")
     for raw in accessor.get_placement_group_table():
         info = gcs_pb2.PlacementGroupTableData.FromString(raw)  # type: ignore[attr-defined]
-        pg_id = info.placement_group_id.hex()
-        actor = info.creator_actor_id
-        if pg_id in wanted and actor and not info.creator_actor_dead \
-                and not ray.ActorID(actor).is_nil():
-            creators[pg_id] = actor.hex()
-    names: dict[str, str] = {}
-    for pg_id, actor_id in creators.items():
-        name = _ACTOR_NAMES.get(actor_id)
-        if name is None:
-            raw_actor = accessor.get_actor_info(ray.ActorID(bytes.fromhex(actor_id)))
-            name = (gcs_pb2.ActorTableData.FromString(raw_actor).name  # type: ignore[attr-defined]
-                    if raw_actor else "")
-            if len(_ACTOR_NAMES) > 10_000:
-                _ACTOR_NAMES.clear()
-            _ACTOR_NAMES[actor_id] = name  # an actor's name never changes
-        if name:
-            names[pg_id] = name
+        pg_id, actor = info.placement_group_id.hex(), info.creator_actor_id
+        if pg_id not in names or not actor or info.creator_actor_dead \
+                or ray.ActorID(actor).is_nil():
+            continue
+        raw_actor = accessor.get_actor_info(ray.ActorID(actor))
+        if raw_actor:
+            names[pg_id] = gcs_pb2.ActorTableData.FromString(raw_actor).name  # type: ignore[attr-defined]
     return names
 
 
-_ACTOR_NAMES: dict[str, str] = {}
+_CREATOR_NAMES: dict[str, str] = {}
 
 
 def ensure_auth_token() -> None:

@@ -17,8 +17,8 @@ Raw state shape (all keys always present; declared as :class:`raytpu_lab._protoc
       "placement_groups": [{
           "placement_group_id": "…", "name": "raytpu:r1", "state": "CREATED",
           "bundles": [{"index": 0, "node_id": "…" | None, "resources": {"TPU": 4.0}}],
-          "creator": "SERVE_REPLICA::app#LLMServer#x1",  # only for an unnamed group a named
-      }],                                                  # actor made
+          "creator": "SERVE_REPLICA::app#LLMServer#x1",  # only where the name says nothing
+      }],                                                  # and a named actor made it
     }
 """
 
@@ -108,10 +108,10 @@ def _add_creators(groups: list[RawPlacementGroup]) -> None:
     """Name the actor that made each group its name does not explain (a Serve LLM replica makes
     its own slice's, unnamed or ``dp_<rank>``); the map is still drawn, with the group
     unattributed, if Ray's tables cannot be read so."""
-    unnamed = [g["placement_group_id"] for g in groups
-               if not g["name"].startswith((RESERVATION_PREFIX, SERVE_REPLICA_PREFIX))]
+    unexplained = [g["placement_group_id"] for g in groups
+                   if not g["name"].startswith((RESERVATION_PREFIX, SERVE_REPLICA_PREFIX))]
     try:
-        creators = _ray_private.placement_group_creator_names(unnamed)
+        creators = _ray_private.placement_group_creator_names(unexplained)
     except Exception:
         return
     for group in groups:
