@@ -143,7 +143,18 @@ class Connection:
                 cluster = emulator.up(specs, name=name or emulator.DEFAULT_NAME,
                                       timeout_s=timeout_s, progress=progress)
         try:
-            self.connect(cluster.address)
+            try:
+                self.connect(cluster.address)
+            except ConnectError:
+                if started or manifest is not None or _answers(cluster.address):
+                    raise
+                # The cluster joined stopped answering between the check above and the connect
+                # (a half-stopped one whose last processes were still going): start anew.
+                cluster.down(timeout_s=2.0)
+                cluster = emulator.up(specs, name=name or emulator.DEFAULT_NAME,
+                                      timeout_s=timeout_s, progress=progress)
+                started = True
+                self.connect(cluster.address)
             expected = len(cluster.hosts) + 1
             seen = wait_for_nodes(self.reader.alive_nodes, expected, _NODE_JOIN_TIMEOUT_S)
             if seen < expected:

@@ -38,6 +38,7 @@ __all__ = ["RunHandle", "RunListener", "RunUpdate", "STOP_TIMEOUT_S", "wait_for_
 
 STOP_TIMEOUT_S = 10.0
 _ABORT_GRACE_S = 4.0
+_LATE_ABORT_GRACE_S = 0.5
 _MUTE_GRACE_S = 10.0
 _TRAIN_ACTORS = ("RayTrainWorker", "TrainController")  # Ray Train's actor class names
 _LIVE: set[RunHandle] = set()  # runs of this process not yet done (their placement groups)
@@ -91,6 +92,7 @@ class RunHandle:
         self._stop_requested, self._fit_done, self._done = (threading.Event() for _ in range(3))
         self._failing = threading.Event()  # a rank raised: the run is being ended by us
         self._stop_lock = threading.Lock()
+        self._aborted = False  # the controller was asked to abort (or killed)
         self._start, self._start_epoch = time.monotonic(), time.time()
         self.result.launched_at = self._start_epoch  # the workers' timestamps are epoch seconds
         self._fail_fast_on = fail_fast  # off with a restart budget: Ray Train restarts instead
@@ -136,17 +138,21 @@ class RunHandle:
         self._stop_requested.set()
         return self._abort(timeout_s)
 
-    def _abort(self, timeout_s: float) -> bool:
-        """Abort through Ray Train's controller, wait for ``fit()`` to end and the placement
-        groups to go (as :meth:`stop`, whose flag the caller sets or not)."""
+    def _abort(self, timeout_s: float, grace_s: float = _ABORT_GRACE_S) -> bool:
+        """Abort through Ray Train's controller (killed if it has not aborted within ``grace_s``
+        seconds), wait for ``fit()`` to end and the placement groups to go (as :meth:`stop`,
+        whose flag the caller sets or not)."""
         deadline = time.monotonic() + timeout_s
         with self._stop_lock:
             while not self._fit_done.is_set():
                 controller = self._controller
+                if controller is not None and self._aborted:
+                    break  # another thread's abort got there first
                 if controller is not None:
+                    self._aborted = True
                     _ray_private.abort_train_controller(
                         controller,
-                        timeout_s=max(0.5, min(_ABORT_GRACE_S, deadline - time.monotonic() - 4)))
+                        timeout_s=max(0.5, min(grace_s, deadline - time.monotonic() - 4)))
                     break
                 if time.monotonic() >= deadline:
                     break
@@ -323,6 +329,14 @@ class RunHandle:
         elif event["kind"] == "controller":
             self._controller = event["handle"]
             self._pids.add(str(event["pid"]))
+            if (self._stop_requested.is_set() or self._failing.is_set()) and not self._aborted:
+                # Stopped while Ray Train was still starting, and the controller came after the
+                # stop had given up waiting for it (seen: a Stop 2 s into a run whose controller
+                # announced itself 12 s in): carry the stop out now, or the run would go on.
+                # A controller that just announced itself is starting its worker group and
+                # serves no call until that is done, so it gets a short grace before the kill.
+                threading.Thread(target=self._abort, args=(STOP_TIMEOUT_S, _LATE_ABORT_GRACE_S),
+                                 name=f"raytpu-late-stop-{self.name}", daemon=True).start()
         elif event["kind"] == "tap":
             for row in event["rows"]:
                 if row["kind"] == "placement":
