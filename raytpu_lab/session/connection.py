@@ -129,6 +129,11 @@ class Connection:
             for shape in shapes:
                 parse_spec(shape)
             specs = [(shape, slices) for shape in shapes]
+
+            def start_fresh() -> emulator.EmulatedCluster:
+                return emulator.up(specs, name=name or emulator.DEFAULT_NAME,
+                                   timeout_s=timeout_s, progress=progress)
+
             running = emulator.find(name or emulator.DEFAULT_NAME)
             if running is not None and not _answers(running.address):
                 # Left half-stopped (a kernel killed while it stopped its cluster): its head no
@@ -140,8 +145,7 @@ class Connection:
                 # in one test session) joins the cluster that already has what it asks for.
                 cluster, started = running, False
             else:
-                cluster = emulator.up(specs, name=name or emulator.DEFAULT_NAME,
-                                      timeout_s=timeout_s, progress=progress)
+                cluster = start_fresh()
         try:
             try:
                 self.connect(cluster.address)
@@ -151,9 +155,7 @@ class Connection:
                 # The cluster joined stopped answering between the check above and the connect
                 # (a half-stopped one whose last processes were still going): start anew.
                 cluster.down(timeout_s=2.0)
-                cluster = emulator.up(specs, name=name or emulator.DEFAULT_NAME,
-                                      timeout_s=timeout_s, progress=progress)
-                started = True
+                cluster, started = start_fresh(), True
                 self.connect(cluster.address)
             expected = len(cluster.hosts) + 1
             seen = wait_for_nodes(self.reader.alive_nodes, expected, _NODE_JOIN_TIMEOUT_S)
