@@ -50,6 +50,7 @@ from typing import Literal, TypedDict
 
 __all__ = [
     "RawNode",
+    "RawChipHolder",
     "RawBundle",
     "RawPlacementGroup",
     "RawState",
@@ -93,7 +94,30 @@ class _NodeFields(TypedDict):
     resources_total: dict[str, float]
 
 
-class RawNode(_NodeFields):
+class RawChipHolder(TypedDict):
+    """A worker process holding ``TPU`` chips of a node, as its raylet lists it."""
+
+    chips: list[int]
+    """Ray's chip ids (what Ray puts in the worker's ``TPU_VISIBLE_CHIPS``), ascending."""
+    actor_id: str
+    """Hex; ``""`` for a task's worker."""
+    job_id: str
+    pid: int
+    class_name: str
+    """The actor's class (``""`` for a task or an actor the GCS no longer lists)."""
+    actor_name: str
+    """A named actor's name, else ``""``."""
+    placement_group_id: str
+    """The actor's placement group (hex), else ``""``."""
+
+
+class _NodeChipHolders(TypedDict, total=False):
+    chip_holders: list[RawChipHolder]
+    """Who holds which chip; absent when not read (no chip in use, the raylet did not answer,
+    or an older recording): the map then draws chips by count only."""
+
+
+class RawNode(_NodeFields, _NodeChipHolders):
     """One Ray node as :func:`~raytpu_lab.state.fetch.fetch_raw_state` reads it."""
 
     resources_available: dict[str, float]
@@ -147,18 +171,21 @@ class PlacementGroupLifetime(TypedDict):
 
 SLICE_ROW = ("title", "state", "reasons")
 """Columns of a :data:`SliceRow`: display title, slice state, reasons joined by ``"; "``."""
-HOST_ROW = ("code", "free", "reserved", "busy", "owner")
+HOST_ROW = ("code", "free", "reserved", "busy", "owner", "layout", "holders")
 """Columns of a :data:`HostRow`: index into ``geometry.states``, chips free / reserved / busy,
-the owner holding most chips (``None`` for none)."""
+the owner holding most chips (``None`` for none), the chips' states by Ray chip id
+(:attr:`~raytpu_lab.state.snapshot.HostState.chip_layout`, ``""``: drawn from the counts) and
+who holds each chip (:attr:`~raytpu_lab.state.snapshot.HostState.chip_holders`, ``[]`` for none
+known; sent only for slices drawn with chips, ``geometry.chips_hosts``)."""
 NODE_ROW = ("node_id", "ip")
 """Columns of a :data:`NodeRow`: Ray node id (``None`` for a host not in Ray) and IP."""
 
 SliceRow = tuple[str, str, str]
-HostRow = tuple[int, int, int, int, str | None]
+HostRow = tuple[int, int, int, int, str | None, str, list[str]]
 NodeRow = tuple[str | None, str]
 SliceChange = tuple[int, str, str, str]
 """``(slice_index, *SLICE_ROW)``."""
-HostChange = tuple[int, int, int, int, int, int, str | None]
+HostChange = tuple[int, int, int, int, int, int, str | None, str, list[str]]
 """``(slice_index, worker, *HOST_ROW)``."""
 NodeChange = tuple[int, int, str | None, str]
 """``(slice_index, worker, *NODE_ROW)``."""
@@ -284,6 +311,7 @@ class HostDict(TypedDict):
     chips_per_host: int
     detail: str
     chip_states: list[str]
+    chip_holders: list[str]
 
 
 class SliceDict(TypedDict):

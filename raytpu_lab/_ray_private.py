@@ -14,7 +14,8 @@ __all__ = ["abort_train_controller", "remove_placement_group_by_id", "available_
            "controller_announcer", "restart_reporter", "ensure_auth_token", "enable_token_auth",
            "muted_worker_logs", "wrap_train_report", "ray_cli_main", "route_agents",
            "fresh_node_id", "serve_client", "serve_http_port", "kv_put", "kv_get", "kv_list",
-           "kv_del", "placement_group_creator_names"]
+           "kv_del", "placement_group_creator_names", "chip_holders_on_node",
+           "actor_descriptions"]
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
@@ -73,6 +74,90 @@ def _look_up_creator_names(pg_ids: set[str]) -> dict[str, str]:
 
 
 _CREATOR_NAMES: dict[str, str] = {}
+
+
+def chip_holders_on_node(address: str, port: int, timeout_s: float = 2.0) -> list[dict[str, Any]]:
+    """The worker processes on one node that hold ``TPU`` chips, with Ray's chip ids:
+    ``[{"chips": [1, 2], "actor_id": hex or "" (a task), "job_id": hex, "pid": int,
+    "placement_group_id": hex or "" (none)}]``.
+
+    Ray's public state names no chip ids (the state API's actors and tasks have only resource
+    amounts); the raylet does: its ``GetNodeStats`` reply lists each core worker's
+    ``used_resources`` with resource slots (``node_manager.proto`` / ``common.proto``
+    ``CoreWorkerStats.used_resources``, Ray 2.60), the same ids Ray puts in the worker's
+    ``TPU_VISIBLE_CHIPS``. Asked through ``ray._private.internal_api``'s channel (token auth
+    included), one round trip per node (~5-50 ms).
+
+    Args:
+        address: The node's ``NodeManagerAddress``.
+        port: Its ``NodeManagerPort``.
+        timeout_s: Seconds to wait for the raylet.
+
+    Raises:
+        grpc.RpcError: The raylet did not answer in time.
+    """
+    from ray.core.generated import node_manager_pb2
+
+    reply = _raylet_stub(address, port).GetNodeStats(
+        node_manager_pb2.GetNodeStatsRequest(include_memory_info=False),  # type: ignore[attr-defined]
+        timeout=timeout_s)
+    holders: list[dict[str, Any]] = []
+    for worker in reply.core_workers_stats:
+        chips: set[int] = set()
+        group = ""
+        for name, allocation in worker.used_resources.items():
+            # Inside a placement group Ray renames the resource: TPU_group_<pg id> and
+            # TPU_group_<bundle index>_<pg id>, with the node's own chip ids as slots.
+            if name == "TPU" or name.startswith("TPU_group_"):
+                chips.update(int(slot.slot) for slot in allocation.resource_slots)
+                if name != "TPU":
+                    group = name.rsplit("_", 1)[1]
+        if not chips:
+            continue
+        actor = worker.actor_id.hex()
+        holders.append({"chips": sorted(chips), "job_id": worker.job_id.hex(),
+                        "actor_id": "" if actor.strip("0f") == "" else actor,  # nil: all ff
+                        "pid": int(worker.pid), "placement_group_id": group})
+    return holders
+
+
+@functools.lru_cache(maxsize=256)
+def _raylet_stub(address: str, port: int) -> Any:
+    from ray._common.network_utils import build_address
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray.core.generated import node_manager_pb2_grpc
+
+    return node_manager_pb2_grpc.NodeManagerServiceStub(  # type: ignore[no-untyped-call]
+        init_grpc_channel(build_address(address, port)))
+
+
+def actor_descriptions(actor_ids: Iterable[str]) -> dict[str, dict[str, str]]:
+    """``{actor id (hex): {"class_name", "name", "placement_group_id"}}`` from the GCS's actor
+    table (``gcs_pb2.ActorTableData``, Ray 2.60), read once per actor: none of these change
+    over an actor's life. An actor the GCS does not know is left out.
+    """
+    ids = list(actor_ids)
+    unseen = [a for a in ids if a not in _ACTORS]
+    if unseen:
+        import ray
+        from ray._private.state import state
+        from ray.core.generated import gcs_pb2
+
+        if len(_ACTORS) > 10_000:
+            _ACTORS.clear()
+        accessor = state._connect_and_get_accessor()
+        for actor_id in unseen:
+            raw = accessor.get_actor_info(ray.ActorID(bytes.fromhex(actor_id)))
+            if not raw:
+                continue
+            info = gcs_pb2.ActorTableData.FromString(raw)  # type: ignore[attr-defined]
+            pg = info.placement_group_id.hex()
+            _ACTORS[actor_id] = {"class_name": str(info.class_name), "name": str(info.name),
+                                 "placement_group_id": "" if pg.strip("0") == "" else pg}
+    return {a: _ACTORS[a] for a in ids if a in _ACTORS}
+
+
+_ACTORS: dict[str, dict[str, str]] = {}
 
 
 def ensure_auth_token() -> None:

@@ -13,6 +13,9 @@ Raw state shape (all keys always present; declared as :class:`raytpu_lab._protoc
           "labels": {"ray.io/tpu-slice-name": "tpu-v6e-4x4-0", …},
           "resources_total": {"CPU": 4.0, "TPU": 4.0, …},
           "resources_available": {"CPU": 4.0, …},   # Ray omits exhausted resources
+          "chip_holders": [{"chips": [1, 2], "actor_id": "…", "job_id": "01000000",  # only
+                            "pid": 8090, "class_name": "Holder", "actor_name": "",   # where
+                            "placement_group_id": ""}],                # chips are in use
       }],
       "placement_groups": [{
           "placement_group_id": "…", "name": "raytpu:r1", "state": "CREATED",
@@ -25,6 +28,8 @@ Raw state shape (all keys always present; declared as :class:`raytpu_lab._protoc
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import ray
 
@@ -32,6 +37,7 @@ from raytpu_lab import _ray_private
 from raytpu_lab._protocols import (
     PlacementGroupLifetime,
     RawBundle,
+    RawChipHolder,
     RawNode,
     RawPlacementGroup,
     RawState,
@@ -47,7 +53,10 @@ def fetch_raw_state() -> RawState:
     """Read nodes (labels, total and available resources) and placement groups from Ray.
 
     Uses ``ray.nodes()`` and ``ray.util.placement_group_table()`` (public) and Ray's per-node
-    available resources (private; see :mod:`raytpu_lab._ray_private`). About 5 ms for 9 nodes.
+    available resources (private; see :mod:`raytpu_lab._ray_private`). About 5 ms for 9 nodes,
+    plus, for each node with chips in use, one call to its raylet for who holds which chip
+    (in parallel, ~5-50 ms; see :func:`raytpu_lab._ray_private.chip_holders_on_node`) and, once
+    per actor, the GCS's record of it.
     Over Ray Client (``ray://``; e.g. ``connect --kuberay`` through a port-forward) the per-node
     availability needs a direct GCS connection, so the same read runs inside the cluster as a
     zero-CPU task on the head node (raytpu_lab reaches the workers through the job's
@@ -73,8 +82,13 @@ def _read_in_cluster() -> RawState:
 def _read_here() -> RawState:
     available = _ray_private.available_resources_per_node()
     nodes: list[RawNode] = []
+    raylets: dict[str, tuple[str, int]] = {}
     for node in ray.nodes():  # type: ignore[no-untyped-call]
         node_id = node["NodeID"]
+        if node.get("Alive") and _chips_in_use(node.get("Resources") or {},
+                                               available.get(node_id, {})):
+            raylets[node_id] = (node.get("NodeManagerAddress", ""),
+                                int(node.get("NodeManagerPort") or 0))
         nodes.append(RawNode(
             node_id=node_id,
             alive=bool(node.get("Alive")),
@@ -101,7 +115,50 @@ def _read_here() -> RawState:
             ],
         ))
     _add_creators(groups)
+    _add_chip_holders(nodes, raylets)
     return RawState(fetched_at=time.time(), nodes=nodes, placement_groups=groups)
+
+
+def _chips_in_use(total: dict[str, float], available: dict[str, float]) -> bool:
+    return float(total.get("TPU", 0) or 0) > float(available.get("TPU", 0) or 0)
+
+
+_RAYLET_TIMEOUT_S = 2.0
+_RAYLET_THREADS = 16
+
+
+def _add_chip_holders(nodes: list[RawNode], raylets: dict[str, tuple[str, int]]) -> None:
+    """Name who holds which chip on each node with chips in use (its raylet's worker list, in
+    parallel, one round trip each); a node whose raylet does not answer in
+    ``_RAYLET_TIMEOUT_S`` is drawn by counts only, and the map still draws."""
+    if not raylets:
+        return
+
+    def ask(node_id: str) -> tuple[str, list[dict[str, Any]]]:
+        try:
+            return node_id, _ray_private.chip_holders_on_node(*raylets[node_id],
+                                                              timeout_s=_RAYLET_TIMEOUT_S)
+        except Exception:
+            return node_id, []
+
+    with ThreadPoolExecutor(min(_RAYLET_THREADS, len(raylets)), "raytpu-chips") as pool:
+        found = dict(pool.map(ask, raylets))
+    try:
+        actors = _ray_private.actor_descriptions(
+            {h["actor_id"] for hs in found.values() for h in hs if h["actor_id"]})
+    except Exception:
+        actors = {}
+    for node in nodes:
+        listed = found.get(node["node_id"])
+        if not listed:
+            continue
+        node["chip_holders"] = [RawChipHolder(
+            chips=h["chips"], actor_id=h["actor_id"], job_id=h["job_id"], pid=h["pid"],
+            class_name=actors.get(h["actor_id"], {}).get("class_name", ""),
+            actor_name=actors.get(h["actor_id"], {}).get("name", ""),
+            placement_group_id=h["placement_group_id"]
+            or actors.get(h["actor_id"], {}).get("placement_group_id", ""))
+            for h in listed]
 
 
 def _add_creators(groups: list[RawPlacementGroup]) -> None:

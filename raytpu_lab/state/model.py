@@ -29,6 +29,10 @@ chips we cannot check against its shape could hang Ray's gang scheduling or give
 :meth:`ClusterSnapshot.slices_of` still lists it under its pod type label (that is what Ray
 schedules on), so a refusal names it and a run's fences cover it.
 
+Which chip is whose: where the raw state names the processes holding a node's chips (Ray's chip
+ids, from its raylet), each chip is drawn at its id and named by its holder; see
+:mod:`raytpu_lab.state.chips`.
+
 On Kubernetes, ``planned`` slices (:class:`~raytpu_lab.state.planned.PlannedSlice`) add what Ray
 cannot know; see :mod:`raytpu_lab.state.planned`. The records themselves live in
 :mod:`raytpu_lab.state.snapshot`, re-exported here.
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 from raytpu_lab._protocols import RawNode, RawPlacementGroup, RawState
 from raytpu_lab.errors import InvalidTopologyError
 from raytpu_lab.state._shapes import labelled_shape, pod_key, table_shape, whole_chips
+from raytpu_lab.state.chips import place_chips
 from raytpu_lab.state.planned import PlannedHost, PlannedSlice, apply_plan
 from raytpu_lab.state.snapshot import (
     HOST_STATES,
@@ -179,7 +184,8 @@ def _bundles_by_node(groups: Iterable[RawPlacementGroup], reservations: Mapping[
 _NO_BUNDLES: Counter[str] = Counter()  # shared, never modified: hosts without bundles
 
 
-def _host(tpu: _Tpu, cph: int, held: Counter[str], jobs: frozenset[str] = frozenset()) -> HostState:
+def _host(tpu: _Tpu, cph: int, held: Counter[str], jobs: frozenset[str] = frozenset(),
+          owners: Mapping[str, str] | None = None) -> HostState:
     # Positional HostState fields (worker_id, node_id, ip, state, chips, chips_free, owner,
     # labels, chips_reserved, chips_busy, chips_per_host): called once per host per refresh.
     node = tpu.node
@@ -195,8 +201,11 @@ def _host(tpu: _Tpu, cph: int, held: Counter[str], jobs: frozenset[str] = frozen
     free = max(0, min(available, total - reserved - in_jobs))
     busy = total - reserved - free
     state: HostStateName = "reserved" if reserved else "busy" if busy else "free"
+    holders = node.get("chip_holders")
+    layout, who = place_chips(total, reserved, busy, holders, owners or {}, jobs) \
+        if holders else ("", ())
     return HostState(tpu.worker_id, node_id, ip, state, total, free, owner, labels, reserved,
-                     busy, cph)
+                     busy, cph, chip_layout=layout, chip_holders=who)
 
 
 def _known_shape(members: list[_Tpu], version: str, topology: str, expected: int | None,
@@ -240,7 +249,8 @@ def _unknown_slice_shape(members: list[_Tpu], key: tuple[str, ...], expected: in
 
 def _build_slice(name: str, members: list[_Tpu], expected: int | None,
                  held: Mapping[str, Counter[str]], locked: set[str],
-                 other: list[OtherNode], jobs: frozenset[str] = frozenset()) -> SliceState:
+                 other: list[OtherNode], jobs: frozenset[str] = frozenset(),
+                 pg_owners: Mapping[str, str] | None = None) -> SliceState:
     """One slice from the nodes claiming it; extra nodes go to ``other``."""
     reasons: list[str] = []
     key, _ = Counter(m.key for m in members).most_common(1)[0]
@@ -276,7 +286,7 @@ def _build_slice(name: str, members: list[_Tpu], expected: int | None,
                 reasons.append(f"labels inconsistent: worker {wid} claimed by several live nodes")
             other.append(_other(m.node, f"duplicate worker {wid} of slice {name!r}"))
         host = _host(keep, shape.chips_per_host, held.get(keep.node.get("node_id", ""), _NO_BUNDLES),
-                     jobs)
+                     jobs, pg_owners)
         hosts.append(host)
         if host.state == "dead":
             reasons.append(f"worker {wid} dead")
@@ -337,7 +347,11 @@ def build_snapshot(raw: RawState, *, reservations: Mapping[str, str] | None = No
     """
     reservations = {**(reservations or {}), **(jobs or {})}
     expected_hosts = expected_hosts or {}
-    held, locked, pending = _bundles_by_node(raw.get("placement_groups") or [], reservations)
+    groups = raw.get("placement_groups") or []
+    held, locked, pending = _bundles_by_node(groups, reservations)
+    pg_owners = {str(pg.get("placement_group_id", "")): _owner_name(pg, reservations)
+              for pg in groups} if any(n.get("chip_holders") for n in raw.get("nodes") or []) \
+        else {}
     other: list[OtherNode] = []
     by_slice: dict[str, list[_Tpu]] = defaultdict(list)
     head_node_id = None
@@ -351,7 +365,7 @@ def build_snapshot(raw: RawState, *, reservations: Mapping[str, str] | None = No
             by_slice[parsed.slice_name].append(parsed)
     job_owners = frozenset(jobs.values()) if jobs else frozenset()
     slices = [_build_slice(name, by_slice[name], expected_hosts.get(name), held, locked, other,
-                           job_owners) for name in sorted(by_slice)]
+                           job_owners, pg_owners) for name in sorted(by_slice)]
     if planned is not None:
         slices = apply_plan(slices, planned)
     return ClusterSnapshot(fetched_at=float(raw.get("fetched_at") or 0.0), slices=slices,

@@ -15,7 +15,7 @@ from raytpu_lab.tpu.topology import SliceShape
 from raytpu_lab.tpu.unknown import UnknownShape
 
 __all__ = ["HOST_STATES", "SLICE_STATES", "HostStateName", "SliceStateName", "SlicePhase",
-           "HostState", "SliceState", "OtherNode", "ClusterSnapshot"]
+           "HostState", "SliceState", "OtherNode", "ClusterSnapshot", "CHIP_LETTERS"]
 
 HostStateName = Literal["free", "reserved", "busy", "dead", "missing", "provisioning"]
 SlicePhase = Literal["", "provisioning", "replacing"]
@@ -25,6 +25,10 @@ SliceStateName = Literal["free", "reserved", "busy", "partial", "degraded", "pro
 HOST_STATES: tuple[HostStateName, ...] = get_args(HostStateName)
 """Host states in the order the map's rows index them (``code``)."""
 SLICE_STATES: tuple[SliceStateName, ...] = get_args(SliceStateName)
+
+
+CHIP_LETTERS: dict[str, str] = {"r": "reserved", "b": "busy", "f": "free"}
+"""The letters of :attr:`HostState.chip_layout`."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,13 @@ class HostState:
         chips_busy: Chips in use outside any bundle.
         chips_per_host: Chips the topology expects on this host.
         detail: Why a host is not up, from Kubernetes (pod phase and reason), else ``""``.
+        chip_layout: Each chip's state by Ray chip id, one letter per chip (``"r"`` reserved,
+            ``"b"`` busy, ``"f"`` free), when the raylet named the chips in use; ``""`` when
+            it did not (chips are then drawn by count: reserved, busy, free).
+        chip_holders: Who holds each chip, by Ray chip id (``""`` for none known), e.g.
+            ``("Holder 'a' (job 01000000, pid 8090)", "", ...)``; ``()`` when none is known.
+            A bundle's chips that no process uses yet have no id in Ray; they are drawn at the
+            lowest ids no process holds.
     """
 
     worker_id: int
@@ -59,6 +70,8 @@ class HostState:
     chips_busy: int = 0
     chips_per_host: int = 0
     detail: str = ""
+    chip_layout: str = ""
+    chip_holders: tuple[str, ...] = ()
 
     @property
     def alive(self) -> bool:
@@ -66,7 +79,8 @@ class HostState:
         return self.state not in ("dead", "missing", "provisioning")
 
     def chip_states(self) -> list[str]:
-        """Per-chip states, ``chips_per_host`` long: reserved, then busy, then free chips.
+        """Per-chip states by Ray chip id, ``chips_per_host`` long: :attr:`chip_layout` when
+        known, else reserved, then busy, then free chips.
 
         A dead or missing host's chips are all ``"dead"`` / ``"missing"``; chips the topology
         expects but the node lacks are ``"missing"``.
@@ -74,8 +88,11 @@ class HostState:
         n = self.chips_per_host or self.chips
         if not self.alive:
             return [self.state] * n
-        states = (["reserved"] * self.chips_reserved + ["busy"] * self.chips_busy
-                  + ["free"] * self.chips_free)
+        if self.chip_layout:
+            states = [CHIP_LETTERS[c] for c in self.chip_layout]
+        else:
+            states = (["reserved"] * self.chips_reserved + ["busy"] * self.chips_busy
+                      + ["free"] * self.chips_free)
         return (states + ["missing"] * n)[:n]
 
     def to_dict(self) -> HostDict:
@@ -85,7 +102,7 @@ class HostState:
                         owner=self.owner, labels=dict(self.labels),
                         chips_reserved=self.chips_reserved, chips_busy=self.chips_busy,
                         chips_per_host=self.chips_per_host, detail=self.detail,
-                        chip_states=self.chip_states())
+                        chip_states=self.chip_states(), chip_holders=list(self.chip_holders))
 
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "STATE_COLORS",
     "MAX_HOSTS_WITH_CHIPS",
     "slice_title",
+    "chip_holder_lines",
     "render_svg",
     "render_status_html",
     "render_status_text",
@@ -91,7 +92,19 @@ def _host_tooltip(s: SliceState, h: HostState) -> str:
         bits.append(f"owner {h.owner}")
     if h.worker_id == 0 and s.head_locked:
         bits.append("head locked")
+    bits.extend(chip_holder_lines(h))
     return "\n".join(bits)
+
+
+def chip_holder_lines(h: HostState) -> list[str]:
+    """``["chip 0: Holder 'a' (job 01000000, pid 8090)", "chips 1,2: ..."]``: each holder of
+    the host's chips with its Ray chip ids, in chip id order; ``[]`` when none is known."""
+    by_holder: dict[str, list[int]] = {}
+    for chip, who in enumerate(h.chip_holders):
+        if who:
+            by_holder.setdefault(who, []).append(chip)
+    return [f"chip{'s' if len(ids) > 1 else ''} {','.join(map(str, ids))}: {who}"
+            for who, ids in by_holder.items()]
 
 
 def _layout(s: SliceState) -> tuple[bool, float, float, int]:
@@ -133,12 +146,17 @@ def _host_svg(s: SliceState, h: HostState, x: float, y: float, w: float, hh: flo
     shape = s.shape
     bx, by = shape.chips_per_host_bounds[:2]
     hc = shape.host_coords(h.worker_id)
-    for coord, state in zip(shape.chip_coords(h.worker_id), h.chip_states(), strict=False):
+    holders = h.chip_holders
+    for chip, (coord, state) in enumerate(zip(shape.chip_coords(h.worker_id), h.chip_states(),
+                                              strict=False)):
         cx, cy = coord[0] - hc[0] * bx, coord[1] - hc[1] * by
         px = x + _HOST_PAD + cx * (_CHIP + _CHIP_GAP)
         py = y + _HOST_PAD + cy * (_CHIP + _CHIP_GAP)
-        out.append(f'<rect class="chip" data-state="{_e(state)}" x="{px}" y="{py}" '
-                   f'width="{_CHIP}" height="{_CHIP}" rx="2" fill="{STATE_COLORS.get(state, "#000")}"/>')
+        rect = (f'<rect class="chip" data-state="{_e(state)}" x="{px}" y="{py}" '
+                f'width="{_CHIP}" height="{_CHIP}" rx="2" fill="{STATE_COLORS.get(state, "#000")}"')
+        who = holders[chip] if chip < len(holders) else ""
+        out.append(f'{rect} data-holder="{_e(who)}" stroke="#202124" stroke-width="2">'
+                   f'<title>chip {chip}: {_e(who)}</title></rect>' if who else rect + "/>")
     out.append("</g>")
     return out
 
@@ -345,4 +363,9 @@ def render_status_text(snapshot: ClusterSnapshot) -> str:
                  f"{len(snapshot.other_nodes)} other node(s)")
     if snapshot.pending_owners:
         lines.append("waiting for placement: " + ", ".join(snapshot.pending_owners))
+    held = [(s, h) for s in snapshot.slices for h in s.hosts if h.chip_holders]
+    if held:
+        lines.append("chips held (by Ray chip id):")
+        lines.extend(f"  {s.name} w{h.worker_id} {line}" for s, h in held
+                     for line in chip_holder_lines(h))
     return "\n".join(lines)

@@ -3,14 +3,15 @@
 // NODE_ROW): declared once in raytpu_lab/_protocols.py; tests/unit/test_map_protocol.py checks the
 // names read here. No libraries, no network. DOM contract used by the browser tests:
 // root .raytpu-map; .slice[data-slice] (class "highlight" when highlighted); .host[data-slice]
-// [data-worker][data-state]; .chip[data-state]; status text in .raytpu-map-status;
+// [data-worker][data-state]; .chip[data-state][data-holder] (chips in Ray chip id order; holder
+// when known); status text in .raytpu-map-status;
 // .dcn-link[data-from][data-to] between consecutive slices of a multi-slice group (trait dcn).
 
 const NS = "http://www.w3.org/2000/svg";
 const CHIP = 14, CHIP_GAP = 3, HOST_PAD = 4, HOST_LABEL = 11, HOST_GAP = 8;
 const CELL = 10, CELL_GAP = 2, PAD = 10, TITLE_H = 18, LINE_H = 14, PLANE_GAP = 16;
 const PANEL_GAP = 12, MAX_W = 980, TILE_W = 176, TILE_H = 66, VIEW_MAX_H = 640;
-const HIGHLIGHT = "#a142f4";
+const HIGHLIGHT = "#a142f4", HELD = "#202124";
 const CSS = `
 .raytpu-map { font: 12px sans-serif; color: #202124; position: relative; }
 .raytpu-map-bar { display: flex; flex-wrap: wrap; gap: 12px; align-items: center; margin: 4px 0; }
@@ -44,12 +45,14 @@ function hostPos(g, w) {  // worker id -> host grid coordinate, x fastest (Slice
   return [w % gx, Math.floor(w / gx) % gy, Math.floor(w / (gx * gy))];
 }
 
+const CHIP_LETTERS = { r: "reserved", b: "busy", f: "free" };  // HostState.chip_layout
+
 function chipStates(states, row, perHost) {  // HostState.chip_states
-  const [code, free, reserved, busy] = row;
+  const [code, free, reserved, busy, owner, layout] = row;
   const st = states[code];
   if (st === "dead" || st === "missing" || st === "provisioning") return Array(perHost).fill(st);
-  const out = [...Array(reserved).fill("reserved"), ...Array(busy).fill("busy"),
-    ...Array(free).fill("free")];
+  const out = layout ? [...layout].map((c) => CHIP_LETTERS[c] || "missing")
+    : [...Array(reserved).fill("reserved"), ...Array(busy).fill("busy"), ...Array(free).fill("free")];
   while (out.length < perHost) out.push("missing");
   return out.slice(0, perHost);
 }
@@ -137,6 +140,11 @@ function render({ model, el }) {
     hl.innerHTML = `<span class="swatch" style="background:none;outline:2px solid ${HIGHLIGHT}"></span>`;
     hl.append("highlighted");
     legend.appendChild(hl);
+    const held = document.createElement("span");
+    held.style.marginLeft = "10px";
+    held.innerHTML = `<span class="swatch" style="background:none;outline:2px solid ${HELD}"></span>`;
+    held.append("in use by a process (hover a host: who)");
+    legend.appendChild(held);
   }
 
   // --- drawing -----------------------------------------------------------------------------------
@@ -154,7 +162,14 @@ function render({ model, el }) {
     frame.setAttribute("stroke", colors()[st]);
     const chips = e.querySelectorAll(".chip");
     const cs = chipStates(states(), row, chips.length);
-    chips.forEach((c, i) => { c.setAttribute("data-state", cs[i]); c.setAttribute("fill", colors()[cs[i]]); });
+    const holders = row[6] || [];
+    chips.forEach((c, i) => {
+      c.setAttribute("data-state", cs[i]);
+      c.setAttribute("fill", colors()[cs[i]]);
+      // A chip a process holds (Ray named it) is outlined; hovering the host names the process.
+      if (holders[i]) { c.setAttribute("data-holder", holders[i]); c.setAttribute("stroke", HELD); c.setAttribute("stroke-width", 2); }
+      else { c.removeAttribute("data-holder"); c.removeAttribute("stroke"); }
+    });
   }
 
   function paintSlice(si) {
@@ -437,12 +452,15 @@ function render({ model, el }) {
   function showTip(si, w) {
     if (!data || !data.hosts[si]) return;
     const g = slices()[si];
-    const [code, free, reserved, busy, owner] = data.hosts[si][w];
+    const [code, free, reserved, busy, owner, layout, holders] = data.hosts[si][w];
     const [node_id, ip] = data.nodes[si][w];
     const d = details.get(`${g.name}/${w}`);
     const lines = [`${g.name} worker ${w}${w === 0 ? " (head)" : ""}`, `state ${states()[code]}`,
       `node ${node_id || "-"}`, `IP ${ip || "-"}`,
       `chips ${free} free · ${reserved} reserved · ${busy} busy`, `owner ${owner || "-"}`];
+    const byHolder = new Map();  // holder -> its Ray chip ids
+    (holders || []).forEach((who, i) => { if (who) byHolder.set(who, [...(byHolder.get(who) || []), i]); });
+    for (const [who, ids] of byHolder) lines.push(`chip${ids.length > 1 ? "s" : ""} ${ids.join(",")}: ${who}`);
     if (d && d.labels) lines.push("labels:", ...Object.entries(d.labels).map(([k, v]) => `  ${k}=${v}`));
     else if (node_id) lines.push("labels: …");
     tip.textContent = lines.join("\n");

@@ -85,8 +85,12 @@ def _rows(snapshot: ClusterSnapshot
     code = _CODE
     for s in snapshot.slices:
         slices.append((slice_title(s), s.state, "; ".join(s.reasons)))
+        # Per-chip holders only where the view draws chips: a row stays five numbers and a
+        # name for each host of a 4,096-host pod.
+        chips = len(s.hosts) <= MAX_HOSTS_WITH_CHIPS
         hosts.append([(code.get(h.state, 0), h.chips_free, h.chips_reserved, h.chips_busy,
-                       h.owner) for h in s.hosts])
+                       h.owner, h.chip_layout if chips else "",
+                       list(h.chip_holders) if chips else []) for h in s.hosts])
         nodes.append([(h.node_id, h.ip) for h in s.hosts])
     return slices, hosts, nodes
 

@@ -4,7 +4,9 @@ One notebook, run cell by cell as a user would (click into the cell, Shift+Enter
 --tpu v6e:4x4 --slices 2`` (it joins the test session's shared cluster, which has those two slices
 and others), show the live map (every host; the two v6e 4x4 slices: 8 hosts, 32 chips), reserve a
 slice in the next cell and see its 4 hosts turn reserved on the map within 3 s, click a host and
-read ``selected`` back in Python, save a screenshot to ``build/live_map.png``, and ``%raytpu down``:
+read ``selected`` back in Python, save a screenshot to ``build/live_map.png``, start an actor on 2
+chips of the reservation and see exactly the chip ids Ray gave it (its ``TPU_VISIBLE_CHIPS``) named
+on the map and in the host's tooltip (``build/live_map_chip_holders.png``), and ``%raytpu down``:
 the map says it is disconnected and nothing the notebook held is left on the cluster.
 """
 
@@ -37,15 +39,32 @@ ERROR_RE = re.compile(r"(?m)^(Traceback \(most recent call last\)|[A-Za-z_][\w.]
 # The session's live map (raytpu_lab.widgets.topology_map.TopologyMap), displayed by the cell.
 MAP_CELL = "from raytpu_lab import get_lab\nm = get_lab().map()\nm"
 
+# An actor taking 2 chips of the reservation's bundle 1; Ray says which in TPU_VISIBLE_CHIPS.
+HOLDER_CELL = """import os, ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+@ray.remote(num_cpus=0)
+class Holder:
+    def chips(self):
+        return ray.get_runtime_context().get_node_id(), os.environ["TPU_VISIBLE_CHIPS"]
+
+(b1,) = [r for r in get_lab().reservations() if r.name == "b1"]
+holder = Holder.options(resources={"TPU": 2}, scheduling_strategy=PlacementGroupSchedulingStrategy(
+    b1.placement_group, placement_group_bundle_index=1)).remote()
+node, chips = ray.get(holder.chips.remote())
+(worker,) = [h.worker_id for h in get_lab().snapshot().slice(b1.slice_names[0]).hosts
+             if h.node_id == node]
+print("holder on worker", worker, "chips", chips)"""
 CELLS = [
     "%load_ext raytpu_lab",
     "%raytpu up --tpu v6e:4x4 --slices 2",
     MAP_CELL,
     "%raytpu reserve 4x4 --version v6e --name b1",
     "print(m.selected)",
-    "%raytpu down",
+    HOLDER_CELL,
+    "ray.kill(holder)\n%raytpu down",
 ]
-LOAD, UP, MAP, RESERVE, SELECTED, DOWN = range(len(CELLS))
+LOAD, UP, MAP, RESERVE, SELECTED, HOLDER, DOWN = range(len(CELLS))
 
 
 class Notebook:
@@ -281,6 +300,27 @@ def _drive(page: Page, server: LabServer, page_errors: list[str], cluster) -> No
 
     nb.cell(MAP).evaluate("e => e.scrollIntoView({block: 'start'})")
     page.screenshot(path=str(BUILD / "live_map.png"))
+
+    # An actor takes 2 of the reservation's chips: the map names it on exactly those chip ids.
+    said = nb.run(HOLDER, timeout_s=90)
+    found = re.search(r"holder on worker (\d+) chips ([\d,]+)", said)
+    assert found, said
+    worker, visible = found.groups()
+    ids = [int(c) for c in visible.split(",")]
+    chips = map_root.locator(f'.host[data-slice="{reserved_slice}"][data-worker="{worker}"] .chip')
+    named = _poll(f"chips {ids} of worker {worker} named on the map", lambda: chips.evaluate_all(
+        "els => els.map((e, i) => [i, e.dataset.holder || '', e.dataset.state])"), 5,
+        ok=lambda cs: [i for i, who, _ in cs if who] == ids)
+    assert all(who.startswith("b1: Holder (job ") and st == "reserved"
+               for i, who, st in named if i in ids), named
+    host = map_root.locator(f'.host[data-slice="{reserved_slice}"][data-worker="{worker}"]')
+    host.scroll_into_view_if_needed()
+    host.hover()
+    tip = _poll("the host's tooltip names the holder", lambda: map_root.locator(
+        ".raytpu-map-tooltip").inner_text(), 5, ok=lambda t: f"chips {visible}: b1: Holder" in t)
+    print(f"holder: chips {visible} of {reserved_slice} worker {worker}; tooltip:\n{tip}")
+    page.screenshot(path=str(BUILD / "live_map_chip_holders.png"))
+    step("chip holders")
 
     # Down: this notebook joined the cluster, so it disconnects, releases b1 and leaves it running.
     said = nb.run(DOWN, timeout_s=120)

@@ -284,3 +284,30 @@ def test_multislice_run_shows_a_dcn_link_between_its_slices(two_slices) -> None:
     widget.set_dcn([])
     bridge.flush()
     assert _count(page, ".dcn-link") == 0
+
+
+def test_held_chips_are_drawn_at_rays_ids_outlined_and_named_on_hover(two_slices) -> None:
+    page, bridge, widget = two_slices
+    raw = json.loads((FIXTURES / "raw_v6e_4x4_x2_idle.json").read_text())
+    node = next(n for n in raw["nodes"] if n["labels"].get("ray.io/tpu-slice-name") == S1
+                and n["labels"].get("ray.io/tpu-worker-id") == "1")
+    node["resources_available"]["TPU"] = 1.0
+    node["chip_holders"] = [
+        {"chips": [3], "actor_id": "ab" * 8, "job_id": "01000000", "pid": 11, "class_name": "Holder",
+         "actor_name": "a", "placement_group_id": ""},
+        {"chips": [0, 2], "actor_id": "", "job_id": "01000000", "pid": 12, "class_name": "",
+         "actor_name": "", "placement_group_id": ""}]
+    widget.update(build_snapshot(raw))
+    bridge.flush()
+    chips = page.locator(f'.host[data-slice="{S1}"][data-worker="1"] .chip')
+    drawn = chips.evaluate_all("els => els.map(e => [e.dataset.state, e.dataset.holder || '',"
+                               " e.getAttribute('stroke') || ''])")
+    task, actor = "task (job 01000000, pid 12)", "Holder 'a' (job 01000000, pid 11)"
+    assert drawn == [["busy", task, "#202124"], ["free", "", ""], ["busy", task, "#202124"],
+                     ["busy", actor, "#202124"]], drawn
+    page.locator(f'.host[data-slice="{S1}"][data-worker="1"]').hover()
+    page.wait_for_function("document.querySelector('.raytpu-map-tooltip').textContent"
+                           ".includes('chip 3: ')")
+    tip = page.locator(".raytpu-map-tooltip").inner_text()
+    assert f"chips 0,2: {task}" in tip and f"chip 3: {actor}" in tip, tip
+    page.screenshot(path=str(REPO / "build" / "topology_map_chip_holders.png"))

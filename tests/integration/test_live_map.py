@@ -51,10 +51,17 @@ def test_a_running_jax_run_shows_as_busy_by_its_name(lab: Lab) -> None:
             time.sleep(0.5)
             ray.train.report({"step": step, "loss": 1.0 / (step + 1)})
 
+    holders: set[str] = set()
+
     def on_records(_records) -> None:
-        seen.extend((s.state, list(s.owners)) for s in lab.snapshot().slices_of("v6e-16") if s.owners)
+        for s in lab.snapshot().slices_of("v6e-16"):
+            if s.owners:
+                seen.append((s.state, list(s.owners)))
+                holders.update(who for h in s.hosts for who in h.chip_holders if who)
 
     run = lab.train_jax(train, "4x4", "v6e", name="mapjob", on_records=on_records)
     assert run.steps == 4 and len(run.slice_names) == 1
     assert ("busy", ["run mapjob"]) in seen, seen
+    # each host's chips are held by the run's Ray Train worker there, named with the run
+    assert holders and all(who.startswith("run mapjob: ") for who in holders), holders
     assert wait_until(lambda: all(s.owners == [] for s in lab.snapshot().slices_of("v6e-16")), 15)

@@ -76,9 +76,12 @@ def test_kernel_messages_have_the_declared_keys_and_row_widths(widget_and_sent) 
 def test_row_cells_have_the_declared_types(widget_and_sent) -> None:
     m, _ = widget_and_sent
     full = m._full_message()
-    for code, free, reserved, busy, owner in (r for rows in full["hosts"] for r in rows):
+    for code, free, reserved, busy, owner, layout, holders in (r for rows in full["hosts"]
+                                                              for r in rows):
         assert all(isinstance(x, int) for x in (code, free, reserved, busy))
         assert 0 <= code < len(m.geometry["states"]) and (owner is None or isinstance(owner, str))
+        assert isinstance(layout, str) and set(layout) <= {"r", "b", "f"}
+        assert isinstance(holders, list) and all(isinstance(x, str) for x in holders)
     for node_id, ip in (r for rows in full["nodes"] for r in rows):
         assert isinstance(node_id, str) and isinstance(ip, str)
     assert all(all(isinstance(x, str) for x in r) for r in full["slices"])
@@ -101,7 +104,7 @@ def test_js_destructures_rows_with_the_declared_column_names() -> None:
     assert _destructured(r"data.nodes[si][w]") == [p.NODE_ROW]
     assert _destructured(r"data.slices[si]") == [p.SLICE_ROW]
     assert _destructured("msg.s")[0] == ("si", *p.SLICE_ROW)
-    assert _destructured("row") == [p.HOST_ROW[:4]]  # chipStates needs no owner
+    assert _destructured("row") == [p.HOST_ROW[:6]]  # chipStates needs no holders
 
 
 def test_js_sends_only_declared_view_messages() -> None:

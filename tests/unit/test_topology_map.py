@@ -84,7 +84,7 @@ def test_reservation_sends_small_delta(idle_map: TopologyMap) -> None:
     delta = sent[0]
     assert delta["type"] == "delta" and delta["rev"] == delta["base"] + 1
     assert sorted((r[0], r[1]) for r in delta["h"]) == [(0, 0), (0, 1), (0, 2), (0, 3)]
-    assert all(r[2] == 1 and r[-1] == "a" for r in delta["h"])  # code 1 = reserved, owner "a"
+    assert all(r[2] == 1 and r[6] == "a" for r in delta["h"])  # code 1 = reserved, owner "a"
     assert [r[0] for r in delta["s"]] == [0] and delta["s"][0][2] == "reserved"
     assert delta["n"] == []
     assert len(json.dumps(delta)) < 600
@@ -291,7 +291,7 @@ def test_unknown_shape_slice_gets_a_schematic_geometry_and_its_hosts() -> None:
         full = json.loads(json.dumps(m._full_message()))  # as the view receives it
         si = [g["name"] for g in m.geometry["slices"]].index("tpu-v2-8")
         title, state, reasons = full["slices"][si]
-        assert (state, full["hosts"][si]) == ("degraded", [[0, 4, 0, 0, None]])
+        assert (state, full["hosts"][si]) == ("degraded", [[0, 4, 0, 0, None, "", []]])
         assert reasons.startswith("unknown TPU shape v2-8 (2x2)") and full["other"] == 1
         assert "tpu-v2-8" in inline_svg_imgs(m._repr_mimebundle_()[0]["text/html"])
     finally:
