@@ -284,8 +284,6 @@ class Session(TrainingMethods, ServingMethods):
         """
         self.reader.require(doing)
 
-    _require_connection = require_connection
-
     def _snapshot_context(self) -> SnapshotContext:
         cluster = self.connection.cluster
         kube_expected, planned = self.kube.expectation()

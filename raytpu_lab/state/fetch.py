@@ -27,6 +27,7 @@ Raw state shape (all keys always present; declared as :class:`raytpu_lab._protoc
 
 from __future__ import annotations
 
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -127,6 +128,12 @@ _RAYLET_TIMEOUT_S = 2.0
 _RAYLET_THREADS = 16
 
 
+@functools.cache
+def _raylet_pool() -> ThreadPoolExecutor:
+    # One pool for the process: a refresh a second would otherwise start its threads anew.
+    return ThreadPoolExecutor(_RAYLET_THREADS, "raytpu-chips")
+
+
 def _add_chip_holders(nodes: list[RawNode], raylets: dict[str, tuple[str, int]]) -> None:
     """Name who holds which chip on each node with chips in use (its raylet's worker list, in
     parallel, one round trip each); a node whose raylet does not answer in
@@ -141,8 +148,7 @@ def _add_chip_holders(nodes: list[RawNode], raylets: dict[str, tuple[str, int]])
         except Exception:
             return node_id, []
 
-    with ThreadPoolExecutor(min(_RAYLET_THREADS, len(raylets)), "raytpu-chips") as pool:
-        found = dict(pool.map(ask, raylets))
+    found = dict(_raylet_pool().map(ask, raylets))
     try:
         actors = _ray_private.actor_descriptions(
             {h["actor_id"] for hs in found.values() for h in hs if h["actor_id"]})

@@ -31,6 +31,12 @@ function svgEl(tag, attrs, parent) {
   return e;
 }
 
+// An HTML element with DOM properties set, appended to parent when given.
+const htmlEl = (tag, props, parent) => {
+  const e = Object.assign(document.createElement(tag), props);
+  return parent ? parent.appendChild(e) : e;
+};
+
 function niceTicks(lo, hi, count = 4) {  // chart_svg.nice_ticks
   if (!(isFinite(lo) && isFinite(hi)) || hi <= lo) return isFinite(lo) ? [lo] : [];
   const raw = (hi - lo) / count, mag = Math.pow(10, Math.floor(Math.log10(raw)));
@@ -48,25 +54,17 @@ function fmt(v) {
 }
 
 function render({ model, el }) {
-  const root = document.createElement("div");
-  root.className = "raytpu-chart-live";
-  const style = document.createElement("style");
-  style.textContent = CSS;
-  const bar = document.createElement("div");
-  bar.className = "bar";
-  const title = document.createElement("span");
-  title.className = "title";
-  const label = document.createElement("label");
-  const select = document.createElement("select");
-  select.className = "metric";
+  const root = htmlEl("div", { className: "raytpu-chart-live" });
+  const style = htmlEl("style", { textContent: CSS });
+  const bar = htmlEl("div", { className: "bar" });
+  const title = htmlEl("span", { className: "title" }, bar);
+  const label = htmlEl("label", {}, bar);
+  const select = htmlEl("select", { className: "metric" });
   label.append("metric", select);
-  const status = document.createElement("span");
-  status.className = "chart-status";
+  const status = htmlEl("span", { className: "chart-status" }, bar);
   status.style.color = "#5f6368";
-  bar.append(title, label, status);
   const svg = svgEl("svg", { viewBox: `0 0 ${W} ${PANEL_H}`, preserveAspectRatio: "xMinYMin meet" });
-  const legend = document.createElement("div");
-  legend.className = "legend";
+  const legend = htmlEl("div", { className: "legend" });
   root.append(style, bar, svg, legend);
   el.appendChild(root);
 

@@ -40,6 +40,12 @@ function svgEl(tag, attrs, parent) {
   return e;
 }
 
+function htmlEl(tag, props, parent) {  // as svgEl, for HTML elements (props are DOM properties)
+  const e = Object.assign(document.createElement(tag), props || {});
+  if (parent) parent.appendChild(e);
+  return e;
+}
+
 function hostPos(g, w) {  // worker id -> host grid coordinate, x fastest (SliceShape.host_coords)
   const gx = g.grid[0], gy = g.grid[1];
   return [w % gx, Math.floor(w / gx) % gy, Math.floor(w / (gx * gy))];
@@ -71,32 +77,20 @@ function panelSize(g, withChips) {
 }
 
 function render({ model, el }) {
-  const root = document.createElement("div");
-  root.className = "raytpu-map";
-  const style = document.createElement("style");
-  style.textContent = CSS;
-  const bar = document.createElement("div");
-  bar.className = "raytpu-map-bar";
-  const legend = document.createElement("span");
-  const iciLabel = document.createElement("label");
-  const ici = document.createElement("input");
-  ici.type = "checkbox";
-  ici.className = "raytpu-map-ici";
+  const root = htmlEl("div", { className: "raytpu-map" });
+  const style = htmlEl("style", { textContent: CSS });
+  const bar = htmlEl("div", { className: "raytpu-map-bar" });
+  const legend = htmlEl("span", {}, bar);
+  const iciLabel = htmlEl("label", {}, bar);
+  const ici = htmlEl("input", { type: "checkbox", className: "raytpu-map-ici" });
   iciLabel.append(ici, " ICI links");
-  const reset = document.createElement("button");
-  reset.textContent = "reset view";
-  reset.title = "Zoom: ctrl/⌘ + wheel, or wheel after clicking the map. Pan: drag.";
-  bar.append(legend, iciLabel, reset);
-  const stage = document.createElement("div");
-  stage.className = "raytpu-map-stage";
-  stage.tabIndex = 0;
-  const svg = svgEl("svg", { width: "100%", height: "40" });
+  const reset = htmlEl("button", { textContent: "reset view",
+    title: "Zoom: ctrl/⌘ + wheel, or wheel after clicking the map. Pan: drag." }, bar);
+  const stage = htmlEl("div", { className: "raytpu-map-stage", tabIndex: 0 });
+  const svg = svgEl("svg", { width: "100%", height: "40" }, stage);
   const viewport = svgEl("g", { class: "viewport" }, svg);
-  stage.appendChild(svg);
-  const tip = document.createElement("div");
-  tip.className = "raytpu-map-tooltip";
-  const status = document.createElement("div");
-  status.className = "raytpu-map-status";
+  const tip = htmlEl("div", { className: "raytpu-map-tooltip" });
+  const status = htmlEl("div", { className: "raytpu-map-status" });
   root.append(style, bar, stage, tip, status);
   el.appendChild(root);
 
