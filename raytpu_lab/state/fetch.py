@@ -126,6 +126,8 @@ def _chips_in_use(total: dict[str, float], available: dict[str, float]) -> bool:
 
 _RAYLET_TIMEOUT_S = 2.0
 _RAYLET_THREADS = 16
+_SILENT_FOR_S = 60.0
+_SILENT: dict[tuple[str, int], float] = {}  # raylet address -> when it last failed to answer
 
 
 @functools.cache
@@ -137,7 +139,9 @@ def _raylet_pool() -> ThreadPoolExecutor:
 def _add_chip_holders(nodes: list[RawNode], raylets: dict[str, tuple[str, int]]) -> None:
     """Name who holds which chip on each node with chips in use (its raylet's worker list, in
     parallel, one round trip each); a node whose raylet does not answer in
-    ``_RAYLET_TIMEOUT_S`` is drawn by counts only, and the map still draws."""
+    ``_RAYLET_TIMEOUT_S`` is drawn by counts only, and not asked again for ``_SILENT_FOR_S``."""
+    now = time.monotonic()
+    raylets = {n: a for n, a in raylets.items() if now - _SILENT.get(a, -1e9) > _SILENT_FOR_S}
     if not raylets:
         return
 
@@ -145,7 +149,8 @@ def _add_chip_holders(nodes: list[RawNode], raylets: dict[str, tuple[str, int]])
         try:
             return node_id, _ray_private.chip_holders_on_node(*raylets[node_id],
                                                               timeout_s=_RAYLET_TIMEOUT_S)
-        except Exception:
+        except Exception:  # e.g. no route to its port from here: not asked again for a while,
+            _SILENT[raylets[node_id]] = time.monotonic()  # so a refresh never waits on it
             return node_id, []
 
     found = dict(_raylet_pool().map(ask, raylets))
