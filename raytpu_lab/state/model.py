@@ -349,9 +349,10 @@ def build_snapshot(raw: RawState, *, reservations: Mapping[str, str] | None = No
     expected_hosts = expected_hosts or {}
     groups = raw.get("placement_groups") or []
     held, locked, pending = _bundles_by_node(groups, reservations)
-    pg_owners = {str(pg.get("placement_group_id", "")): _owner_name(pg, reservations)
-              for pg in groups} if any(n.get("chip_holders") for n in raw.get("nodes") or []) \
-        else {}
+    pg_owners: dict[str, str] = {}  # names a chip holder's group; read only when one is known
+    if any(n.get("chip_holders") for n in raw.get("nodes") or []):
+        pg_owners = {str(pg.get("placement_group_id", "")): _owner_name(pg, reservations)
+                     for pg in groups}
     other: list[OtherNode] = []
     by_slice: dict[str, list[_Tpu]] = defaultdict(list)
     head_node_id = None
