@@ -10,6 +10,7 @@ survives a page reload (JupyterLab's layout restorer). Screenshots: ``build/side
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from pathlib import Path
@@ -53,7 +54,17 @@ def _cell(page: Page, i: int) -> Locator:
     return page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(i)
 
 
+def _kernel_idle(page: Page, timeout_s: float = 180) -> None:
+    """The notebook toolbar's execution indicator says idle: a kernel still starting on a busy
+    machine drops a Shift+Enter pressed before it is up (the cell stays ``[ ]``)."""
+    indicator = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) "
+                             ".jp-Notebook-ExecutionIndicator").first
+    _wait("the kernel to be idle", lambda: indicator.get_attribute("data-status") == "idle",
+          timeout_s, 0.2)
+
+
 def _run(page: Page, i: int, timeout_s: float) -> str:
+    _kernel_idle(page)
     cell = _cell(page, i)
     before = cell.locator(".jp-InputPrompt").inner_text().strip()
     cell.scroll_into_view_if_needed()
@@ -237,8 +248,17 @@ def test_stop_in_the_sidebar_stops_a_run_of_a_busy_kernel(lab_server: LabServer,
         cell.locator(".jp-InputArea-editor .cm-content").click()
         page.keyboard.press("Shift+Enter")  # the kernel is now busy in this cell until the run ends
         row = sidebar.locator('.raytpu-run-row[data-run="side-forever"][data-state="running"]')
-        row.wait_for(timeout=180_000)
-        _wait("steps/s above 0", lambda: float(row.locator("td").nth(3).inner_text()) > 0, 60, 0.2)
+        try:
+            row.wait_for(timeout=180_000)
+            _wait("steps/s above 0", lambda: float(row.locator("td").nth(3).inner_text()) > 0,
+                  60, 0.2)
+        except BaseException:
+            # The run must not outlive the test (a rerun would find its slice taken): an
+            # interrupt stops it, as a user's would.
+            with contextlib.suppress(Exception):  # the failure above is what to report
+                for kernel in lab_server.api("/api/kernels"):  # type: ignore[union-attr]
+                    lab_server.api(f"/api/kernels/{kernel['id']}/interrupt", method="POST")
+            raise
         assert cell.locator(".jp-InputPrompt").inner_text().strip() == "[*]:"  # still busy
         page.screenshot(path=str(BUILD / "sidebar_run.png"))
         stop_clicked = time.monotonic()
