@@ -15,7 +15,7 @@ __all__ = ["abort_train_controller", "remove_placement_group_by_id", "available_
            "muted_worker_logs", "wrap_train_report", "ray_cli_main", "route_agents",
            "fresh_node_id", "serve_client", "serve_http_port", "kv_put", "kv_get", "kv_list",
            "kv_del", "placement_group_creator_names", "chip_holders_on_node",
-           "actor_descriptions"]
+           "actor_descriptions", "job_is_dead"]
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
@@ -158,6 +158,19 @@ def actor_descriptions(actor_ids: Iterable[str]) -> dict[str, dict[str, str]]:
 
 
 _ACTORS: dict[str, dict[str, str]] = {}
+
+
+def job_is_dead(job_id: str) -> bool:
+    """Whether the GCS marks job ``job_id`` (hex) dead: its driver exited or its connection
+    dropped (``ray._private.state.jobs()``, the GCS job table's ``is_dead``, Ray 2.60). A job
+    the table does not list counts as dead.
+    """
+    from ray._private import state
+
+    for job in state.jobs():  # type: ignore[no-untyped-call]
+        if job.get("JobID") == job_id:
+            return bool(job.get("IsDead"))
+    return True
 
 
 def ensure_auth_token() -> None:

@@ -13,6 +13,8 @@ Serve is started (if no Serve runs on the cluster) with one HTTP proxy on the he
 to ``127.0.0.1`` on a free port. :meth:`ServeService.delete` deletes the app, waits until its
 placement groups are gone, gives the chips back to the reservation (or leaves them free when the
 reservation is being released), and shuts Serve down when it started it and no app is left.
+A kernel killed before it could delete its apps (``kill -9``) leaves them to their guards
+(:mod:`raytpu_lab.serve.guard`), which delete them once Ray says its driver is dead.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from raytpu_lab import _ray_private
 from raytpu_lab.advice import cmd, opt
 from raytpu_lab.errors import ServeError
 from raytpu_lab.serve.chatter import is_serve_chatter
+from raytpu_lab.serve.guard import start_guard, stop_guard
 from raytpu_lab.serve.plan import ServePlan, plan_deployment
 from raytpu_lab.state import fetch
 from raytpu_lab.tpu.labels import LABEL_SLICE, LABEL_WORKER
@@ -64,6 +67,8 @@ class ServedApp:
     replica_hosts: list[str] = field(default_factory=list)
     placement_groups: list[str] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
+    guard: Any = field(default=None, repr=False)
+    """Its :mod:`~raytpu_lab.serve.guard` actor (deletes it if this kernel dies)."""
 
     @property
     def label(self) -> str:
@@ -171,6 +176,7 @@ class ServeService:
         served = ServedApp(app=app, reservation=reservation, deployment=base.name,
                            url=f"http://127.0.0.1:{port}{plan.route}", plan=plan)
         self.apps[app] = served
+        served.guard = start_guard(app, stop_serve=self.started_serve)
         try:
             with _driver_serve_logs_quiet():
                 serve.run_many([serve.RunTarget(bound, name=app, route_prefix=plan.route)],
@@ -230,6 +236,7 @@ class ServeService:
         from ray import serve
 
         served = self._get(app)
+        stop_guard(served.guard)
         with _driver_serve_logs_quiet():
             serve.delete(app, _blocking=True)
         deadline = time.monotonic() + timeout_s

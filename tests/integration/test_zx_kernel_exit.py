@@ -1,6 +1,7 @@
 """A kernel that exits without ``%raytpu down`` leaves no emulated cluster and no process behind;
 a kernel killed (``kill -9``) or interrupted while a ``%%raytpu jax`` cell runs frees the run's
-placement groups, Ray Train actors and slice within 10 s, with every core busy."""
+placement groups, Ray Train actors and slice within 10 s, with every core busy; a kernel that exits
+or is killed while serving leaves no app, Serve actor or placement group."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def test_the_cluster_a_kernel_started_stops_when_it_exits() -> None:
 # -- a kernel killed (kill -9) or interrupted while a %%raytpu jax cell runs, on a busy machine --
 
 FREED_WITHIN_S = 10.0
+SERVE_FREED_WITHIN_S = 20.0  # Serve's own deletion (replica shutdown, then Serve's) is most of it
 KILL_CLUSTER = "rt-kill9"
 FOREVER_CELL = """%%raytpu jax --topology 2x2x1 --version v4 --name {name}
 def forever(config):
@@ -207,3 +209,30 @@ def test_a_kernel_that_exits_while_serving_leaves_no_app_actor_or_placement_grou
     assert wait_until(lambda: not _serving_left(), 30), _serving_left()
     print(f"kernel exit: served app and reservation gone {time.monotonic() - exiting:.1f} s "
           "after the shutdown request")
+
+
+def test_a_killed_kernel_s_served_app_is_deleted_by_its_guard_on_a_busy_machine(
+        one_slice: emulator.EmulatedCluster) -> None:
+    """A kernel killed with ``kill -9`` runs no exit hook: its app's guard (a detached actor)
+    sees the driver's job dead and deletes the app and Serve; the reservation goes with the
+    driver. Nothing of it is left."""
+    km, kc = _kernel(one_slice.address)
+    try:
+        for cell in ("%raytpu reserve 2x2x1 --version v4 --name sv", SERVE_CELL):
+            reply = kc.execute_interactive(cell, timeout=240)
+            assert reply["content"]["status"] == "ok", reply["content"]
+        assert any(a.startswith("ServeReplica") for a in live_actors()), live_actors()
+        assert "ServeGuard" in live_actors(), live_actors()
+        with _busy_loops():
+            time.sleep(1.0)
+            killed = time.monotonic()
+            os.kill(km.provisioner.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            gone = wait_until(lambda: not _serving_left(), 60)
+            gone_s = time.monotonic() - killed
+        print(f"kill -9 while serving: app, Serve, guard and reservation gone {gone_s:.1f} s "
+              f"after the kill (load average {os.getloadavg()[0]:.1f})")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert gone, _serving_left()
+    assert gone_s < SERVE_FREED_WITHIN_S, f"{gone_s:.1f} s"
