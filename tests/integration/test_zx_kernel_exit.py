@@ -183,6 +183,14 @@ class Hello:
 """
 
 
+def _reserve_and_serve(kc: Any) -> None:
+    """In the kernel: reserve ``sv`` and serve :data:`SERVE_CELL` on it."""
+    for cell in ("%raytpu reserve 2x2x1 --version v4 --name sv", SERVE_CELL):
+        reply = kc.execute_interactive(cell, timeout=240)
+        assert reply["content"]["status"] == "ok", reply["content"]
+    assert any(a.startswith("ServeReplica") for a in live_actors()), live_actors()
+
+
 def _serving_left() -> list[str]:
     """What a served app leaves: Serve's actors (controller, proxy, replicas), host actors of a
     multi-host replica, placement groups (the replica's and the reservation's)."""
@@ -198,10 +206,7 @@ def test_a_kernel_that_exits_while_serving_leaves_no_app_actor_or_placement_grou
     which it started), and its reservation goes with the driver."""
     km, kc = _kernel(one_slice.address)
     try:
-        for cell in ("%raytpu reserve 2x2x1 --version v4 --name sv", SERVE_CELL):
-            reply = kc.execute_interactive(cell, timeout=240)
-            assert reply["content"]["status"] == "ok", reply["content"]
-        assert any(a.startswith("ServeReplica") for a in live_actors()), live_actors()
+        _reserve_and_serve(kc)
     finally:
         exiting = time.monotonic()
         kc.stop_channels()
@@ -218,10 +223,7 @@ def test_a_killed_kernel_s_served_app_is_deleted_by_its_guard_on_a_busy_machine(
     driver. Nothing of it is left."""
     km, kc = _kernel(one_slice.address)
     try:
-        for cell in ("%raytpu reserve 2x2x1 --version v4 --name sv", SERVE_CELL):
-            reply = kc.execute_interactive(cell, timeout=240)
-            assert reply["content"]["status"] == "ok", reply["content"]
-        assert any(a.startswith("ServeReplica") for a in live_actors()), live_actors()
+        _reserve_and_serve(kc)
         assert "ServeGuard" in live_actors(), live_actors()
         with _busy_loops():
             time.sleep(1.0)
