@@ -60,17 +60,16 @@ def _look_up_creator_names(pg_ids: set[str]) -> dict[str, str]:
     from ray.core.generated import gcs_pb2
 
     accessor = state._connect_and_get_accessor()
-    names = dict.fromkeys(pg_ids, "")
+    creators: dict[str, str] = {}  # placement group -> its live creator actor (hex)
     for raw in accessor.get_placement_group_table():
         info = gcs_pb2.PlacementGroupTableData.FromString(raw)  # type: ignore[attr-defined]
         pg_id, actor = info.placement_group_id.hex(), info.creator_actor_id
-        if pg_id not in names or not actor or info.creator_actor_dead \
+        if pg_id not in pg_ids or not actor or info.creator_actor_dead \
                 or ray.ActorID(actor).is_nil():
             continue
-        raw_actor = accessor.get_actor_info(ray.ActorID(actor))
-        if raw_actor:
-            names[pg_id] = gcs_pb2.ActorTableData.FromString(raw_actor).name  # type: ignore[attr-defined]
-    return names
+        creators[pg_id] = actor.hex()
+    actors = actor_descriptions(creators.values())
+    return {pg: actors.get(creators.get(pg, ""), {}).get("name", "") for pg in pg_ids}
 
 
 _CREATOR_NAMES: dict[str, str] = {}

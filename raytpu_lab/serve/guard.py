@@ -12,6 +12,7 @@ and exits. :meth:`ServeService.delete` kills the guard first, so a deleted app l
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -59,7 +60,5 @@ def start_guard(app: str, *, stop_serve: bool) -> Any:
 
 def stop_guard(guard: Any) -> None:
     """Kill a guard (its app is being deleted by its driver). Never raises."""
-    try:
+    with contextlib.suppress(Exception):  # already gone
         ray.kill(guard, no_restart=True)
-    except Exception:
-        pass
