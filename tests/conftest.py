@@ -145,8 +145,18 @@ def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection: only the tests that will run count
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
+    """Start the shared cluster in the background if a selected test needs it, and run the
+    tests marked ``clusterless`` (no emulated cluster at all) right after the unit tests, while
+    it comes up (a start of its 18 hosts takes minutes here); otherwise the order is kept."""
     if any("shared_cluster" in getattr(item, "fixturenames", ()) for item in items):
         _SharedStart.begin()
+
+    def group(item: pytest.Item) -> int:
+        if item.nodeid.startswith("tests/unit/"):
+            return 0
+        return 1 if item.get_closest_marker("clusterless") else 2
+
+    items.sort(key=group)  # stable: file and test order within each group
 
 
 @pytest.fixture(scope="session")

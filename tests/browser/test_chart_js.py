@@ -23,7 +23,7 @@ from raytpu_lab.widgets import run_chart
 from raytpu_lab.widgets.run_dashboard import RunDashboard
 from tests.browser.test_map_js import ORIGIN, PAGE, Bridge, browser  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.clusterless]
 
 SYNCED = ("title", "metrics", "key", "xlabel")
 PATHS_JS = "els => els.map(e => [e.dataset.key, e.dataset.rank, e.getAttribute('d') || ''])"

@@ -33,7 +33,7 @@ from tests.browser.test_live_chart_in_jupyterlab import (
 )
 from tests.browser.test_live_map_in_jupyterlab import _poll
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.browser, pytest.mark.clusterless, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build"

@@ -22,7 +22,7 @@ from raytpu_lab.state.synthetic import synthetic_raw_state
 from raytpu_lab.widgets import topology_map
 from raytpu_lab.widgets.topology_map import TopologyMap
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.clusterless]
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
