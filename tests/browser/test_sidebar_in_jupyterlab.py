@@ -1,6 +1,6 @@
 """The "Ray TPU" sidebar in a real JupyterLab (headless Debian chromium, issue 15).
 
-The sidebar shows a small emulated cluster of the module's own (2 x v4 2x2x2) (its slices, no kernel needed); a
+The sidebar shows the test session's shared emulated cluster (its slices, no kernel needed); a
 reservation made in a notebook appears in its list within 2 s; its Release button frees it (checked
 through Ray from the kernel); dragging its row, or a free slice's, into the notebook inserts the
 matching cell; the map fills its box in the 240 px sidebar and in the main area, where it
@@ -27,22 +27,19 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build"
 NOTEBOOK = "sidebar.ipynb"
 APPEARS_WITHIN_S = 2.0
-SLICES = 2  # the module's own cluster: 2 x v4 2x2x2 (4 hosts)
-CLUSTER_ID = "emulated-sidebar"  # its id in the sidebar's picker (raytpu_lab/jupyter/clusters.py)
+SLICES = 2  # at least: the notebooks' `up` asks the shared cluster for 2 x v4 2x2x2
+CLUSTER_ID = "emulated-raytpu"  # the shared cluster's id in the sidebar's picker (jupyter/clusters.py)
+UP_CELL = "%load_ext raytpu_lab\n%raytpu up --tpu v4:2x2x2 --slices 2"
 
 
 @pytest.fixture(scope="module")
-def sb_cluster() -> Any:
-    """This module's cluster under the session's emulator root; the notebooks' ``%raytpu up``
-    (same name and slices) joins it."""
-    from raytpu_lab.cluster import emulator
+def sb_cluster(shared_cluster: Any) -> Any:
+    """The session's shared cluster (tests/conftest.py); the notebooks' ``%raytpu up`` joins it."""
+    return shared_cluster
 
-    cluster = emulator.up([("v4:2x2x2", 2)], name="sidebar", timeout_s=300)
-    yield cluster
-    cluster.down()
 
 CELLS = [
-    "%load_ext raytpu_lab\n%raytpu up --tpu v4:2x2x2 --slices 2 --name sidebar",
+    UP_CELL,
     "%raytpu reserve 2x2x2 --version v4 --name side1",
     "import ray\nprint('STATES', [g['state'] for g in ray.util.placement_group_table().values()"
     " if g['name'] == 'raytpu:side1'])",
@@ -152,9 +149,10 @@ def test_sidebar_shows_the_cluster_a_reservation_and_releases_it(
         sidebar = _open_sidebar(page)
         # No kernel has run anything yet: the server's poller alone shows the slices.
         rows = sidebar.locator(".raytpu-slice-row")
-        _wait("the cluster's slices", lambda: rows.count() >= SLICES, 60, 0.2)
+        slices = {h.slice_name for h in sb_cluster.hosts}
+        _wait("the cluster's slices", lambda: rows.count() >= len(slices), 60, 0.2)
         names = rows.evaluate_all("els => els.map(e => e.dataset.slice)")
-        assert {"tpu-v4-2x2x2-0", "tpu-v4-2x2x2-1"} == set(names), names
+        assert set(names) == slices, names
         paths = sidebar.locator(".raytpu-map-host svg rect, .raytpu-map-host svg path")
         assert paths.count() > 0, "the sidebar's map drew nothing"
         assert sidebar.locator(".raytpu-map-host .slice[data-slice]").count() >= SLICES
@@ -179,7 +177,8 @@ def test_sidebar_shows_the_cluster_a_reservation_and_releases_it(
         notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
         _drag(page, row.locator("td").first, notebook)
         _wait("the attach cell dropped in", lambda: "%raytpu attach side1" in _sources(page), 10)
-        free = sidebar.locator('.raytpu-slice-row:not([data-state="reserved"])').first
+        free = sidebar.locator('.raytpu-slice-row[data-slice^="tpu-v4-2x2x2-"]'
+                               ':not([data-state="reserved"])').first
         _drag(page, free.locator("td").first, notebook)
         _wait("the reserve cell dropped in",
               lambda: "%raytpu reserve 2x2x2 --version v4" in _sources(page), 10)
@@ -210,7 +209,7 @@ def test_the_main_area_map_survives_a_reload(lab_server: LabServer, sb_cluster: 
         # Restored as a tab; which tab of its dock area is in front is JupyterLab's layout
         # restorer's choice (the notebook may be): the user brings it forward by its tab.
         main.wait_for(state="attached", timeout=60_000)
-        tab = page.locator(".lm-TabBar-tab", has_text="Ray TPU: emulated-sidebar")
+        tab = page.locator(".lm-TabBar-tab", has_text=f"Ray TPU: {CLUSTER_ID}")
         assert tab.count() == 1
         tab.click()
         main.wait_for(timeout=10_000)
@@ -233,10 +232,11 @@ def train(config):
 '''
 
 
+@pytest.mark.slow
 def test_stop_in_the_sidebar_stops_a_run_of_a_busy_kernel(lab_server: LabServer,
                                                          sb_cluster: Any) -> None:
     BUILD.mkdir(exist_ok=True)
-    cells = ["%load_ext raytpu_lab\n%raytpu up --tpu v4:2x2x2 --slices 2 --name sidebar", FOREVER]
+    cells = [UP_CELL, FOREVER]
     with jupyterlab_page(lab_server, cells, "busy.ipynb", BUILD / "sidebar_stop_failure.png",
                          height=1000) as (page, errors):
         page.goto(lab_server.lab_url("busy.ipynb"))
