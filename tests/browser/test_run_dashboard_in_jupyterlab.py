@@ -19,7 +19,7 @@ from tests.browser.conftest import LabServer, jupyterlab_page
 from tests.browser.test_live_map_in_jupyterlab import Notebook, _poll
 from tests.conftest import CLEAN, settled_leftovers
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(420), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build"

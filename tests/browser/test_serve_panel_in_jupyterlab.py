@@ -21,7 +21,7 @@ import pytest
 from tests.browser.conftest import LabServer, jupyterlab_page
 from tests.browser.test_live_map_in_jupyterlab import Notebook, _poll
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build"

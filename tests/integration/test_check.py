@@ -41,6 +41,7 @@ def _host_processes() -> int:
                                                      ("class_name", "=", "_HostProcess")]))
 
 
+@pytest.mark.slow
 def test_check_reports_device_counts_per_host_and_a_blocked_psum(lab: Lab) -> None:
     res = lab.reserve("2x2x2", "v4", name="chk", timeout_s=30)
     try:
@@ -91,6 +92,7 @@ def test_a_host_that_errs_and_one_that_hangs_are_named_within_the_timeout(lab: L
         lab.release("chk-bad")
 
 
+@pytest.mark.slow
 def test_check_without_a_name_checks_every_idle_slice_and_releases_it(lab: Lab) -> None:
     report = lab.check(timeout_s=90)
     assert report.ok, report.text()

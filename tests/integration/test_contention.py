@@ -11,6 +11,7 @@ import os
 import signal
 import time
 
+import pytest
 from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
@@ -25,6 +26,7 @@ V4 = "v4-16"
 V4_SLICES = ["tpu-v4-2x2x2-0", "tpu-v4-2x2x2-1", "tpu-v4-2x2x2-2"]
 
 
+@pytest.mark.slow
 def test_eight_drivers_race_for_three_slices_exactly_three_win(
         lab: Lab, cluster: emulator.EmulatedCluster) -> None:
     timeout_s = 6.0

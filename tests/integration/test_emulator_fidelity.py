@@ -76,6 +76,7 @@ def _on(node: dict) -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
 
 
+@pytest.mark.slow
 def test_every_host_has_its_own_address(cluster: emulator.EmulatedCluster) -> None:
     nodes = _host_nodes()
     assert sorted(nodes) == [0, 1]
@@ -84,6 +85,7 @@ def test_every_host_has_its_own_address(cluster: emulator.EmulatedCluster) -> No
     assert len(set(ips)) == 2 and all(ip.startswith("127.") and ip != "127.0.0.1" for ip in ips)
 
 
+@pytest.mark.slow
 def test_a_task_holding_a_hosts_chips_sees_the_slice_and_barriers_wait(
         cluster: emulator.EmulatedCluster) -> None:
     @ray.remote(resources={"TPU": 4}, max_calls=1)
@@ -109,6 +111,7 @@ def test_a_task_holding_a_hosts_chips_sees_the_slice_and_barriers_wait(
     assert waited0 > 5.0, waited0
 
 
+@pytest.mark.slow
 def test_kuberays_first_tpu_example_prints_the_slices_devices(
         cluster: emulator.EmulatedCluster) -> None:
     # The shape of KubeRay's tpu_list_devices.py (the RayJob sample's entrypoint): one task per
@@ -125,6 +128,7 @@ def test_kuberays_first_tpu_example_prints_the_slices_devices(
     assert ray.get([tpu_cores.remote() for _ in range(workers)], timeout=240) == ["TPU cores:8"] * 2
 
 
+@pytest.mark.slow
 def test_a_process_without_the_chips_sees_only_its_own_devices(
         cluster: emulator.EmulatedCluster) -> None:
     @ray.remote(num_cpus=1, max_calls=1)
@@ -137,6 +141,7 @@ def test_a_process_without_the_chips_sees_only_its_own_devices(
                    timeout=120) == 4
 
 
+@pytest.mark.slow
 def test_ray_train_gives_every_host_local_rank_0_and_its_own_node_rank(
         cluster: emulator.EmulatedCluster, tmp_path: Path) -> None:
     from ray.train.v2.api.config import RunConfig, ScalingConfig
@@ -173,6 +178,7 @@ def test_ray_train_gives_every_host_local_rank_0_and_its_own_node_rank(
     assert {r[3] for r in rows} == {"8"}
 
 
+@pytest.mark.slow
 def test_jax_distributed_initialize_in_a_per_host_cell_is_accepted(
         cluster: emulator.EmulatedCluster) -> None:
     from raytpu_lab.lab import Lab
@@ -198,6 +204,7 @@ def _submit(cluster: emulator.EmulatedCluster) -> subprocess.CompletedProcess[st
         env={**os.environ, **emulator.AUTH_ENV}, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_two_clusters_at_once_both_accept_ray_job_submit(cluster: emulator.EmulatedCluster) -> None:
     other = emulator.up([("v5litepod:2x2", 1)], name="rt-fid2", timeout_s=600)
     try:
@@ -226,6 +233,7 @@ def test_a_start_with_busy_loops_running_succeeds() -> None:
     assert _nothing_left(c.folder) == []
 
 
+@pytest.mark.slow
 def test_a_head_killed_during_start_is_reported_at_once_with_its_cause() -> None:
     folder = emulator.state_root() / "rt-kill"
     outcome: dict[str, object] = {}
@@ -264,6 +272,7 @@ def test_a_head_killed_during_start_is_reported_at_once_with_its_cause() -> None
     assert _nothing_left(folder) == []
 
 
+@pytest.mark.slow
 def test_down_leaves_nothing_after_a_killed_driver(cluster: emulator.EmulatedCluster) -> None:
     driver = subprocess.Popen(
         [sys.executable, "-c",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import ray
 
 from raytpu_lab.cluster import emulator
@@ -43,6 +44,7 @@ def test_snapshot_sees_intact_idle_slices(lab: Lab) -> None:
     assert [n.is_head for n in snap.other_nodes] == [True]
 
 
+@pytest.mark.slow
 def test_every_generation_shows_what_a_real_slice_shows(lab: Lab, cluster: emulator.EmulatedCluster) -> None:
     """Per slice of each generation (its first slice): one task per host holding the host's chips
     sees the slice's devices with process index = worker id; each host has its own address."""
@@ -79,6 +81,7 @@ def test_every_generation_shows_what_a_real_slice_shows(lab: Lab, cluster: emula
         assert index == worker_id == int(env_worker), (name, worker_id)
 
 
+@pytest.mark.slow
 def test_the_test_clusters_jobs_api_accepts_ray_job_submit(cluster: emulator.EmulatedCluster) -> None:
     import os
     import subprocess

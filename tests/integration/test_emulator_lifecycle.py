@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from raytpu_lab.cluster import emulator
 
@@ -30,6 +31,7 @@ def _agents_of(cluster: emulator.EmulatedCluster) -> list[psutil.Process]:
         return []
 
 
+@pytest.mark.slow
 def test_down_leaves_no_process_and_no_folder(cluster: emulator.EmulatedCluster) -> None:
     """Also: a host's two agents are forked by the cluster's agent fork server (sharing the
     pages of Ray's modules), and they end with their raylet (Ray's pipe-based health check)."""

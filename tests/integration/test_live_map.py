@@ -6,6 +6,7 @@ import threading
 import time
 
 import ipywidgets
+import pytest
 
 from raytpu_lab.lab import Lab
 
@@ -40,6 +41,7 @@ def test_map_is_one_widget_fed_by_one_refresher(lab: Lab) -> None:
     assert len(ipywidgets.Widget.widgets) <= widgets_before + 1
 
 
+@pytest.mark.slow
 def test_a_running_jax_run_shows_as_busy_by_its_name(lab: Lab) -> None:
     seen: list[tuple[str, list[str]]] = []
 

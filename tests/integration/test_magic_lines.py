@@ -212,6 +212,7 @@ def _check_outcome(line: str, body: str | None, text: str, error: BaseException 
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                  HealthCheck.data_too_large])
 @given(st.lists(commands(), min_size=1, max_size=3))
+@pytest.mark.slow
 def test_every_magic_line_ends_in_a_result_or_one_clear_error(ip, lab: Lab, nodes: tuple[int, list[str]],
                                                                typed: list[tuple[str, str | None]],
                                                                ) -> None:
@@ -272,6 +273,7 @@ def _outputs_text(out) -> str:
                      for o in out.outputs)
 
 
+@pytest.mark.slow
 def test_a_failing_rank_is_one_error_block(ip, lab: Lab, nodes: tuple[int, list[str]]) -> None:
     """Rank 1 raises while rank 0 waits in its next report (as in a collective): the run ends
     with the failing rank's traceback once (in the run's view) and a one-line cell error."""
@@ -294,6 +296,7 @@ def test_a_failing_rank_is_one_error_block(ip, lab: Lab, nodes: tuple[int, list[
     assert wait_until(lambda: not live_actors(), 10), live_actors()
 
 
+@pytest.mark.slow
 def test_background_returns_while_the_run_still_waits_for_its_slice(ip, lab: Lab,
                                                                      nodes: tuple[int, list[str]]) -> None:
     """Ray's own slice placement groups hold every v4 2x2x2 slice: a blocking cell would wait

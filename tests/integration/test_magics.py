@@ -73,6 +73,7 @@ def _assert_brief(shown: _Shown, *needles: str) -> None:
         assert needle in shown.text, shown.text
 
 
+@pytest.mark.slow
 def test_jax_cell_trains_on_16_devices_of_one_slice(ip, lab: Lab) -> None:
     out = _run(ip, "jax --topology 4x4 --version v6e --name t16 --config \"{'steps': 24}\"", TRAIN_CELL)
     assert out.error is None, out.text
@@ -87,6 +88,7 @@ def test_jax_cell_trains_on_16_devices_of_one_slice(ip, lab: Lab) -> None:
     _assert_nothing_left(lab)
 
 
+@pytest.mark.slow
 def test_worker_error_is_shown_and_the_slice_freed(ip, lab: Lab) -> None:
     cell = "def boom(config):\n    raise ValueError('bad batch shape from the worker')\n"
     source = "%%raytpu jax --topology 4x4 --version v6e --name boom\n" + cell

@@ -17,6 +17,8 @@ from raytpu_lab.lab import Lab
 
 from .conftest import live_actors, live_placement_groups, wait_until
 
+pytestmark = pytest.mark.slow
+
 ENV_CELL = '''
 def report_env(config):
     import os, jax, ray.train

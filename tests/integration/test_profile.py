@@ -19,6 +19,8 @@ from raytpu_lab.widgets.svg import inline_svg_imgs
 
 from .conftest import live_actors, live_placement_groups, wait_until
 
+pytestmark = pytest.mark.slow
+
 PROFILED_CELL = '''
 def profiled(config):
     import time

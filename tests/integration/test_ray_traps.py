@@ -56,6 +56,7 @@ def test_trap_a_ray_counts_a_fully_held_slice_as_ready_our_snapshot_does_not(lab
     assert wait_until(lambda: len(lab.snapshot().idle_slices(V4)) == 3)
 
 
+@pytest.mark.slow
 def test_trap_b_rays_head_lock_dies_with_its_driver_ours_is_detached_too(
         lab: Lab, cluster: emulator.EmulatedCluster) -> None:
     bare_proc = _driver.start("bare-detached", cluster.address, "bare-b", "--timeout", "20")

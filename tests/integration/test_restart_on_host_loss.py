@@ -23,6 +23,8 @@ from raytpu_lab.widgets.run_dashboard import RunDashboard
 
 from .conftest import live_actors, live_placement_groups, wait_until
 
+pytestmark = pytest.mark.slow
+
 NAME = "rt-restart"
 MAP_DEGRADED_S = 3.0
 

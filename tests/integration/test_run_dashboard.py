@@ -42,6 +42,7 @@ def chatty(config):
         ray.train.report({"step": step, "loss": 1.0 / (step + 1), "rank_metric": rank})
 
 
+@pytest.mark.slow
 def test_records_placement_and_logs_arrive(lab: Lab) -> None:
     dash = RunDashboard("chatty")
     handle = lab.start_jax(chatty, "4x4", "v6e", name="dash-chatty", config={"steps": 6},
@@ -94,6 +95,7 @@ def silent_forever():
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_stop_from_another_thread_frees_the_slice_within_10_s(lab: Lab) -> None:
     dash = RunDashboard("forever")
     handle = lab.start_jax(silent_forever, "4x4", "v6e", name="dash-forever", listener=dash,

@@ -24,6 +24,8 @@ from raytpu_lab.lab import Lab, use_session
 
 from .conftest import connected_to, live_actors, live_placement_groups, wait_until
 
+pytestmark = pytest.mark.slow
+
 NAME = "rt-serve"
 
 

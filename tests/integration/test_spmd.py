@@ -21,6 +21,8 @@ from raytpu_lab.lab import Lab
 
 from .conftest import live_actors, live_placement_groups, wait_until
 
+pytestmark = pytest.mark.slow
+
 PSUM = """
 import jax.numpy as jnp
 local = jnp.full(jax.local_device_count(), jax.process_index() + 1.0)

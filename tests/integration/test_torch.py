@@ -70,6 +70,7 @@ def _v5p_idle(lab: Lab) -> bool:
     return all(s.idle for s in lab.snapshot().slices_of("v5p-16"))
 
 
+@pytest.mark.slow
 def test_torch_cell_runs_one_worker_per_chip_in_sync(ip, lab: Lab) -> None:
     actors_before = live_actors()
     text, error = _run(ip, "torch --topology 2x2x2 --version v5p --name t8 --config \"{'steps': 6}\"",
@@ -110,6 +111,7 @@ def test_torch_cell_runs_one_worker_per_chip_in_sync(ip, lab: Lab) -> None:
     assert _v5p_idle(lab)
 
 
+@pytest.mark.slow
 def test_stop_from_another_thread_frees_the_slice_within_10_s(lab: Lab) -> None:
     """Interrupting the run (what Ctrl-C does: SIGINT to the process, here from another thread)
     stops it and raises ``KeyboardInterrupt``; the slice is free again within 10 s.

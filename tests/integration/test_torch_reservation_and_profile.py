@@ -22,7 +22,7 @@ from raytpu_lab.train.torch_run import TorchRunResult
 
 from .conftest import live_placement_groups, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CELL = """
 def train_loop_per_worker(config):

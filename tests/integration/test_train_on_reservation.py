@@ -17,6 +17,8 @@ from raytpu_lab.lab import Lab
 
 from .conftest import live_placement_groups, wait_until
 
+pytestmark = pytest.mark.slow
+
 CELL = '''
 def train_loop_per_worker(config):
     import jax, jax.numpy as jnp, ray.train

@@ -48,6 +48,7 @@ def _exited(proc) -> bool:
 
 
 @pytest.mark.timeout(300)  # seen once: ray.init waiting 600 s on the fresh head's GCS
+@pytest.mark.slow
 def test_up_over_a_half_stopped_cluster_starts_a_fresh_one(cluster) -> None:
     """A kernel killed while it stopped its cluster leaves processes whose GCS no longer answers
     (a user's kernel restart): ``up`` of that name stops what is left and starts anew instead of

@@ -25,6 +25,8 @@ from raytpu_lab.cluster import _process_groups, emulator
 
 from .conftest import live_actors, live_placement_groups, wait_until
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = textwrap.dedent("""
     from raytpu_lab import get_lab
     lab = get_lab()

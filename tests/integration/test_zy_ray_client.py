@@ -5,10 +5,13 @@ Runs late (it drops the session's direct connection; the ``lab`` fixture reconne
 
 from __future__ import annotations
 
+import pytest
 import ray
 
 from raytpu_lab.cluster import emulator
 from raytpu_lab.lab import Lab
+
+pytestmark = pytest.mark.slow
 
 
 def test_status_works_over_ray_client(cluster: emulator.EmulatedCluster) -> None:

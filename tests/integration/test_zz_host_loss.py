@@ -44,6 +44,7 @@ def test_a_slice_that_loses_a_host_is_degraded_on_the_map_and_not_handed_out(
     live_map.close()
 
 
+@pytest.mark.slow
 def test_trap_c_bare_slice_placement_group_wins_a_degraded_head_ours_refuses(
         lab: Lab, cluster: emulator.EmulatedCluster) -> None:
     """Ray 2.60 trap (c): a slice missing a host still has its head won by bare

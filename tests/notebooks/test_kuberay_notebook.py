@@ -22,6 +22,8 @@ from raytpu_lab.cluster import emulator
 
 from ..conftest import REPO, check_saved_outputs
 
+pytestmark = pytest.mark.slow
+
 NOTEBOOK = REPO / "notebooks" / "07_kuberay_gke.ipynb"
 
 

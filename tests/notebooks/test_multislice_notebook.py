@@ -3,6 +3,7 @@ of it), through ``python -m tools.demo --notebook`` like the quickstart."""
 
 from __future__ import annotations
 
+import pytest
 from pathlib import Path
 
 import nbformat
@@ -10,6 +11,8 @@ import nbformat
 from raytpu_lab.widgets.svg import inline_svg_imgs
 
 from ..conftest import REPO, run_notebook
+
+pytestmark = pytest.mark.slow
 
 
 def test_multislice_notebook_trains_over_dcn_and_ici(tmp_path: Path, shared_cluster) -> None:

@@ -4,7 +4,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ..conftest import REPO, run_notebook
+
+pytestmark = pytest.mark.slow
 
 NOTEBOOK = REPO / "notebooks" / "04_pytorch_xla.ipynb"
 

@@ -5,6 +5,7 @@ degraded slice without a kernel."""
 
 from __future__ import annotations
 
+import pytest
 import base64
 import re
 
@@ -15,6 +16,8 @@ from raytpu_lab.cluster import emulator
 from tools.demo import _VenvKernelManager
 
 from ..conftest import REPO, check_saved_outputs
+
+pytestmark = pytest.mark.slow
 
 
 def _text(cell: nbformat.NotebookNode) -> str:

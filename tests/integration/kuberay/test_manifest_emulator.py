@@ -32,6 +32,8 @@ from raytpu_lab.tpu.topology import parse_spec
 
 from ...k8s_standin import ready_status, running_standin, worker_pod, write_kubeconfig
 
+pytestmark = pytest.mark.slow
+
 NAME = "kr-test"
 V6E_GROUP = "v6e-single"
 

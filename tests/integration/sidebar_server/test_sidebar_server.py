@@ -20,7 +20,7 @@ from raytpu_lab.lab import Lab
 
 from ..conftest import live_placement_groups, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 _RAY_TOKEN = os.path.expanduser("~/.ray/auth_token")  # before pytest-jupyter moves $HOME
