@@ -78,3 +78,12 @@ def live_actors() -> list[str]:
     address = ray.get_runtime_context().gcs_address
     return [a.class_name for a in list_actors(address=address, filters=[("state", "=", "ALIVE")])
             if not a.class_name.startswith("_")]
+
+
+def host_processes() -> int:
+    """Live per-host processes (``_HostProcess`` actors) of this driver's cluster."""
+    from ray.util.state import list_actors
+
+    address = ray.get_runtime_context().gcs_address
+    return len(list_actors(address=address, filters=[("state", "=", "ALIVE"),
+                                                     ("class_name", "=", "_HostProcess")]))

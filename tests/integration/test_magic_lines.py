@@ -230,6 +230,7 @@ def test_every_magic_line_ends_in_a_result_or_one_clear_error(ip, lab: Lab, node
     assert lab.connected and ray.is_initialized()
 
 
+@pytest.mark.slow  # counts what the (slow) property test above tried
 def test_every_magic_line_property_tried_at_least_500_lines() -> None:
     """The property above ran its examples (1-3 lines each); what they ended in."""
     print("\nmagic lines tried, by outcome:", dict(sorted(OUTCOMES.items())))
