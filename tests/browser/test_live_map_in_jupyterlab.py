@@ -16,6 +16,7 @@ import ast
 import re
 import time
 import urllib.error
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -81,13 +82,24 @@ class Notebook:
     def output_text(self, i: int) -> str:
         return self.cell(i).locator(".jp-OutputArea").inner_text()
 
+    def notebook_path(self) -> str:
+        """The path of the notebook this page opened, as the server's sessions name it."""
+        path = urllib.parse.urlparse(self.page.url).path
+        return urllib.parse.unquote(path.split("/tree/", 1)[-1])  # also /lab/workspaces/x/tree/
+
     def kernel_state(self) -> str:
+        """The server's execution state of this notebook's kernel ("none" before its session
+        exists). Only this notebook's: an earlier test's kernel of the same module may still be
+        running (CI once read "idle,idle" here and waited in vain)."""
         try:  # Seen once: a 500 from /api/kernels while the kernel was still starting.
-            kernels = self.server.api("/api/kernels")
+            sessions = self.server.api("/api/sessions")
         except (urllib.error.URLError, OSError) as e:
             return f"unknown ({e})"
-        assert isinstance(kernels, list)
-        return ",".join(k.get("execution_state", "?") for k in kernels) or "none"
+        assert isinstance(sessions, list)
+        path = self.notebook_path()
+        states = [(s.get("kernel") or {}).get("execution_state", "?") for s in sessions
+                  if s.get("path") == path]
+        return ",".join(states) or "none"
 
     def wait_kernel_idle(self, timeout_s: float = 60) -> None:
         """The toolbar's execution indicator and the server both say idle."""
@@ -100,7 +112,8 @@ class Notebook:
                 return
             if time.monotonic() >= deadline:
                 raise AssertionError(
-                    f"kernel not idle after {timeout_s:.0f} s (toolbar: {ui}, server: {api})")
+                    f"kernel of {self.notebook_path()!r} not idle after {timeout_s:.0f} s "
+                    f"(toolbar: {ui}, server: {api})")
             time.sleep(0.2)
 
     def first_line(self, i: int) -> str:
