@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build"
 NOTEBOOK = "dashboard_frontend.ipynb"
 
-SETUP = '''import threading, time
+SETUP = '''import os, threading, time
 from raytpu_lab.state import build_snapshot
 from raytpu_lab.state.synthetic import synthetic_raw_state
 from raytpu_lab.tpu.topology import SliceShape
@@ -48,13 +48,20 @@ from raytpu_lab.train.run import RunUpdate
 from raytpu_lab.widgets.run_dashboard import RunDashboard
 from raytpu_lab.widgets.topology_map import TopologyMap
 
-def fake_run(name, reports, key, counter="step", ranks=2, period_s=0.2, warmup_s=3.0):
-    """A dashboard fed like a run's drain thread feeds it; frozen at the end like a run."""
+def fake_run(name, reports, key, counter="step", ranks=2, period_s=0.2, warmup_s=1.0):
+    """A dashboard fed like a run's drain thread feeds it; frozen at the end like a run.
+
+    The reports start once the file go-<name> exists (the test makes it when the page shows the
+    live dashboard, as a slow worker start would wait), so a page slow to draw on a busy machine
+    still sees the live phase of a run only seconds long.
+    """
     d = RunDashboard(name)
     d.show()
     result = RunResult(name, SliceShape.of("v4", "2x2x2"), 1)  # the one accumulator, as in a run
     def feed():
         t0 = time.monotonic()
+        while not os.path.exists(f"go-{name}") and time.monotonic() - t0 < 120:
+            time.sleep(0.05)
         time.sleep(warmup_s)  # workers start, JAX compiles...
         d.on_update(result.absorb(RunUpdate(0.5, slices=["tpu-v4-2x2x2-0"], workers=[
             {"rank": r, "slice": "tpu-v4-2x2x2-0", "worker_id": r, "host": f"10.0.0.{r + 1}",
@@ -78,10 +85,11 @@ CELLS = [SETUP, 'd1 = fake_run("prof1", 40, "loss")',
 MAP, RUN1, RUN2, END = range(len(CELLS))
 
 
-def _first_draw(nb: _Nb, i: int, panel: str) -> float:
+def _first_draw(nb: _Nb, lab_server: LabServer, i: int, run: str, panel: str) -> float:
     cell = nb.cell(i)
     _poll("the cell shows the live dashboard", lambda: cell.locator(".raytpu-dashboard").count(),
           60, 0.2)
+    (lab_server.root_dir / f"go-{run}").touch()  # the synthetic run's reports may start
     _poll("the first report reaches the page (status line)", lambda: _reports_seen(cell), 60, 0.1)
     first = time.monotonic()
     _poll(f"within {FIRST_DRAW_S:g} s of the first report the {panel} panel draws a line for "
@@ -91,6 +99,8 @@ def _first_draw(nb: _Nb, i: int, panel: str) -> float:
 
 
 def test_dashboard_front_end(lab_server: LabServer) -> None:
+    for run in ("prof1", "epochs"):  # a rerun waits for its page again
+        (lab_server.root_dir / f"go-{run}").unlink(missing_ok=True)
     with jupyterlab_page(lab_server, CELLS, NOTEBOOK, BUILD / "dashboard_frontend_failure.png",
                          height=1300) as (page, page_errors):
         frames = _Frames(page)
@@ -104,7 +114,7 @@ def test_dashboard_front_end(lab_server: LabServer) -> None:
 
         start = frames.received
         nb.run(RUN1, timeout_s=60)
-        took = {"step": _first_draw(nb, RUN1, "loss")}
+        took = {"step": _first_draw(nb, lab_server, RUN1, "prof1", "loss")}
         nb.cell(RUN1).evaluate("e => e.scrollIntoView({block: 'start'})")
         page.screenshot(path=str(BUILD / "dashboard_live_synthetic.png"))
         cell = nb.cell(RUN1)
@@ -117,7 +127,7 @@ def test_dashboard_front_end(lab_server: LabServer) -> None:
         page.screenshot(path=str(BUILD / "dashboard_finished.png"))
 
         nb.run(RUN2, timeout_s=60)
-        took["epoch"] = _first_draw(nb, RUN2, "val_loss")
+        took["epoch"] = _first_draw(nb, lab_server, RUN2, "epochs", "val_loss")
         save_and_wait(page, lab_server, NOTEBOOK, RUN2)  # a reload shows what was saved
         page.reload()
         nb.cell(len(CELLS) - 1).wait_for(timeout=60_000)

@@ -5,7 +5,6 @@ wall time (within 5%), and MFU said to be meaningless on CPU devices."""
 
 from __future__ import annotations
 
-import pytest
 import json
 
 import nbformat
@@ -14,8 +13,6 @@ from nbclient import NotebookClient
 from tools.demo import _VenvKernelManager
 
 from ..conftest import CLEAN, REPO, check_saved_outputs, settled_leftovers
-
-pytestmark = pytest.mark.slow
 
 
 def _text(cell: nbformat.NotebookNode) -> str:
